@@ -1,0 +1,62 @@
+# coldbrew developer commands; `make` (or `make help`) lists them.
+# Every target bootstraps .venv (a no-op when it is up to date) and, when it
+# needs them, makes sure PostgreSQL and RabbitMQ are up (scripts/ensure-services).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+# make test TESTS=tests/unit PYTEST_ARGS='-x -k lease'
+TESTS ?= tests
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+# Install the bench extra too when pyproject.toml declares one.
+BENCH_EXTRAS := $(shell awk '/^\[project\.optional-dependencies\]/ {s = 1; next} /^\[/ {s = 0} \
+	s && /^[[:space:]]*bench[[:space:]]*=/ {f = 1} END {print (f ? "test,bench" : "test")}' pyproject.toml)
+
+.PHONY: help bootstrap services demo test lint bench clean
+
+help: ## list the targets
+	@echo "usage: make TARGET"
+	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "variables: TESTS=$(TESTS) PYTEST_ARGS='...' BENCH_ARGS='...'"
+
+bootstrap: ## create .venv and install coldbrew[test] (only when pyproject.toml changed)
+	@scripts/bootstrap
+
+services: ## make sure PostgreSQL and RabbitMQ are reachable (starts local ones)
+	@scripts/ensure-services
+
+demo: bootstrap services ## a self-contained tour on the local broker and database
+	$(VENV)/bin/coldbrew demo
+
+test: bootstrap services ## run the test suite (TESTS, PYTEST_ARGS)
+	@echo "$(PY) -m pytest $(TESTS) $(PYTEST_ARGS)"
+	@rc=0; $(PY) -m pytest $(TESTS) $(PYTEST_ARGS) || rc=$$?; \
+	if [ "$$rc" -eq 5 ]; then \
+		echo "make test: pytest collected no tests (exit 5) from '$(TESTS)'; that is a failure, not a pass" >&2; \
+	fi; \
+	exit "$$rc"
+
+lint: bootstrap ## ruff check and mypy (strict)
+	@rc=0; \
+	echo "$(VENV)/bin/ruff check $(wildcard src tests bench)"; \
+	$(VENV)/bin/ruff check $(wildcard src tests bench) || rc=1; \
+	echo "$(VENV)/bin/mypy src"; \
+	$(VENV)/bin/mypy src || rc=1; \
+	exit "$$rc"
+
+bench: ## run the benchmarks (bench/run_all.py, else bench/throughput.py; BENCH_ARGS)
+	@scripts/bootstrap $(BENCH_EXTRAS)
+	@scripts/ensure-services
+	@if [ -f bench/run_all.py ]; then script=bench/run_all.py; \
+	elif [ -f bench/throughput.py ]; then script=bench/throughput.py; \
+	else echo "make bench: neither bench/run_all.py nor bench/throughput.py exists" >&2; exit 2; fi; \
+	echo "$(PY) $$script $(BENCH_ARGS)"; \
+	$(PY) "$$script" $(BENCH_ARGS)
+
+clean: ## remove caches and build output (keeps .venv)
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist .coverage htmlcov src/*.egg-info
+	find . \( -path ./.venv -o -path ./.git \) -prune -o -type d -name __pycache__ -exec rm -rf {} +

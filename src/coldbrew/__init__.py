@@ -1,0 +1,41 @@
+"""coldbrew: an asyncio worker daemon for long-running jobs over RabbitMQ and PostgreSQL."""
+
+from __future__ import annotations
+
+from coldbrew.app import App, JobSpec
+from coldbrew.client import Client
+from coldbrew.context import Context
+from coldbrew.errors import (
+    BrokerUnavailable,
+    ColdbrewError,
+    ConfigurationError,
+    ContractViolation,
+    DatabaseUnavailable,
+    JobNotFound,
+    Permanent,
+    Retry,
+    ServiceUnavailable,
+)
+from coldbrew.model import JobRecord, Status
+from coldbrew.settings import Settings
+
+__all__ = [
+    "App",
+    "BrokerUnavailable",
+    "Client",
+    "ColdbrewError",
+    "ConfigurationError",
+    "Context",
+    "ContractViolation",
+    "DatabaseUnavailable",
+    "JobNotFound",
+    "JobRecord",
+    "JobSpec",
+    "Permanent",
+    "Retry",
+    "ServiceUnavailable",
+    "Settings",
+    "Status",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,308 @@
+"""RabbitMQ through aio-pika: connect, declare, publish with confirms, consume.
+
+The broker moves work; it never decides a job's fate (the store does). The
+first connection fails fast so the CLI can exit 3 with the masked URL; after
+that aio-pika's robust connection reconnects by itself and re-declares every
+exchange, queue, binding and consumer declared here (SEMANTICS §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+import aiormq
+import structlog
+from aio_pika.abc import (
+    AbstractIncomingMessage,
+    AbstractRobustChannel,
+    AbstractRobustConnection,
+    AbstractRobustExchange,
+    AbstractRobustQueue,
+)
+
+from coldbrew.errors import BrokerUnavailable
+from coldbrew.model import routing_key
+from coldbrew.settings import mask_url
+from coldbrew.topology import Topology
+
+log = structlog.get_logger("coldbrew.broker")
+
+PUBLISH_ERRORS: tuple[type[BaseException], ...] = (
+    aiormq.exceptions.AMQPError,
+    aio_pika.exceptions.ChannelInvalidStateError,
+    ConnectionError,
+    OSError,
+    asyncio.TimeoutError,
+    RuntimeError,  # aiormq raises it for a writer that went away mid-publish
+)
+
+Consumer = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class JobMessage:
+    """What goes on the wire for one job, per the producer contract."""
+
+    id: str
+    type: str
+    queue: str
+    tenant: str
+    args: Mapping[str, Any]
+    priority: int = 0
+    idempotency_key: str | None = None
+    max_attempts: int | None = None
+    timeout: float | None = None
+
+    def to_message(self) -> aio_pika.Message:
+        headers: dict[str, Any] = {}
+        if self.idempotency_key is not None:
+            headers["x-idempotency-key"] = self.idempotency_key
+        if self.max_attempts is not None:
+            headers["x-max-attempts"] = self.max_attempts
+        if self.timeout is not None:
+            headers["x-timeout-seconds"] = self.timeout
+        body = json.dumps({"type": self.type, "args": self.args}, separators=(",", ":"))
+        return aio_pika.Message(
+            body.encode(),
+            message_id=self.id,
+            priority=self.priority,
+            headers=headers,
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+
+
+SETTLE_ERRORS: tuple[type[BaseException], ...] = (
+    aio_pika.exceptions.ChannelInvalidStateError,
+    aiormq.exceptions.AMQPError,
+    ConnectionError,
+    RuntimeError,
+)
+
+
+async def settle(message: AbstractIncomingMessage, *, requeue: bool | None = None) -> bool:
+    """Ack (``requeue`` None) or nack; a dead channel means the broker already requeued it."""
+    try:
+        if requeue is None:
+            await message.ack()
+        else:
+            await message.nack(requeue=requeue)
+    except SETTLE_ERRORS as exc:
+        log.info("settle_skipped", reason="channel closed; broker requeued it", error=str(exc))
+        return False
+    return True
+
+
+class Broker:
+    """One robust connection with a publishing channel (confirms) and a consuming channel."""
+
+    def __init__(
+        self,
+        url: str,
+        topology: Topology,
+        *,
+        name: str = "coldbrew",
+        reconnect_interval: float = 1.0,
+        publish_timeout: float = 30.0,
+    ) -> None:
+        self.url = url
+        self.topology = topology
+        self._name = name
+        self._reconnect_interval = reconnect_interval
+        self._publish_timeout = publish_timeout
+        self._connection: AbstractRobustConnection | None = None
+        self._publish_channel: AbstractRobustChannel | None = None
+        self._consume_channel: AbstractRobustChannel | None = None
+        self._jobs_exchange: AbstractRobustExchange | None = None
+        self._dead_exchange: AbstractRobustExchange | None = None
+        self._consumers: dict[str, tuple[AbstractRobustQueue, str]] = {}
+
+    async def connect(self, *, prefetch: int = 0) -> None:
+        """Connect once (fail fast), open channels and declare the fixed topology."""
+        try:
+            self._connection = await aio_pika.connect_robust(
+                self.url,
+                reconnect_interval=self._reconnect_interval,
+                client_properties={"connection_name": self._name},
+            )
+        except (OSError, aiormq.exceptions.AMQPError, asyncio.TimeoutError) as exc:
+            raise BrokerUnavailable(
+                f"cannot connect to RabbitMQ at {mask_url(self.url)}: {exc or type(exc).__name__}"
+            ) from exc
+        self._connection.reconnect_callbacks.add(self._on_reconnect)
+        self._connection.close_callbacks.add(self._on_close)
+        self._publish_channel = await self._connection.channel(publisher_confirms=True)
+        self._consume_channel = await self._connection.channel(publisher_confirms=True)
+        if prefetch:
+            await self._consume_channel.set_qos(prefetch_count=prefetch)
+        await self._declare_fixed()
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+            self._connection = None
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None and self._connection.connected.is_set()
+
+    def _on_reconnect(self, *_: Any) -> None:
+        log.info("broker_reconnected", url=mask_url(self.url))
+
+    def _on_close(self, _conn: Any, exc: BaseException | None = None) -> None:
+        if exc is not None:
+            log.warning("broker_connection_lost", url=mask_url(self.url), error=str(exc))
+
+    def _channel(self, consume: bool = False) -> AbstractRobustChannel:
+        channel = self._consume_channel if consume else self._publish_channel
+        if channel is None:
+            raise BrokerUnavailable("broker used before connect()")
+        return channel
+
+    async def _declare_fixed(self) -> None:
+        """Exchanges and the unrouted and dead queues; idempotent and replayed on reconnect."""
+        topo = self.topology
+        channel = self._channel()
+        unrouted = await channel.declare_exchange(
+            topo.unrouted_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        self._dead_exchange = await channel.declare_exchange(
+            topo.dead_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        self._jobs_exchange = await channel.declare_exchange(
+            topo.jobs_exchange,
+            aio_pika.ExchangeType.TOPIC,
+            durable=True,
+            arguments=topo.jobs_exchange_arguments(),
+        )
+        unrouted_queue = await channel.declare_queue(
+            topo.unrouted_queue, durable=True, arguments=topo.unrouted_queue_arguments()
+        )
+        await unrouted_queue.bind(unrouted, routing_key="#")
+        dead_queue = await channel.declare_queue(
+            topo.dead_queue, durable=True, arguments=topo.dead_queue_arguments()
+        )
+        await dead_queue.bind(self._dead_exchange, routing_key="#")
+
+    async def declare_job_queue(self, queue: str, tenant: str) -> None:
+        """Declare and bind the queue of one lane and tenant (idempotent)."""
+        channel = self._channel()
+        declared = await channel.declare_queue(
+            self.topology.job_queue(queue, tenant),
+            durable=True,
+            arguments=self.topology.job_queue_arguments(),
+        )
+        await declared.bind(self.topology.jobs_exchange, routing_key=routing_key(queue, tenant))
+
+    # --- publishing ------------------------------------------------------------
+
+    async def publish_job(self, job: JobMessage) -> None:
+        """Publish one job and wait for the broker's confirm."""
+        await self._publish(self._jobs(), job.to_message(), routing_key(job.queue, job.tenant))
+
+    async def publish_jobs(self, jobs: Sequence[JobMessage], *, window: int = 256) -> list[bool]:
+        """Publish many with confirms pipelined (``window`` in flight); True where confirmed."""
+        limit = asyncio.Semaphore(window)
+
+        async def one(job: JobMessage) -> bool:
+            async with limit:
+                try:
+                    await self.publish_job(job)
+                except BrokerUnavailable as exc:
+                    log.warning("publish_failed", job_id=job.id, error=str(exc))
+                    return False
+                return True
+
+        return list(await asyncio.gather(*(one(job) for job in jobs)))
+
+    async def republish(self, message: AbstractIncomingMessage) -> None:
+        """Publish a delivery again to the jobs exchange, unchanged (after provisioning)."""
+        copy = aio_pika.Message(
+            message.body,
+            headers=dict(message.headers or {}),
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            priority=message.priority,
+            message_id=message.message_id,
+            correlation_id=message.correlation_id,
+            timestamp=message.timestamp,
+            type=message.type,
+            app_id=message.app_id,
+        )
+        await self._publish(self._jobs(), copy, message.routing_key or "")
+
+    async def publish_dead(
+        self, body: bytes, *, reason: str, detail: str, headers: Mapping[str, Any],
+        message_id: str | None, original_routing_key: str,
+    ) -> None:
+        """Put a copy of a dead job or rejected message on ``<ns>.dead`` with its reason."""
+        all_headers = dict(headers)
+        all_headers.update(
+            {
+                "x-coldbrew-reason": reason,
+                "x-coldbrew-detail": detail[:1000],
+                "x-coldbrew-routing-key": original_routing_key,
+            }
+        )
+        message = aio_pika.Message(
+            body,
+            headers=all_headers,
+            message_id=message_id,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        if self._dead_exchange is None:
+            raise BrokerUnavailable("broker used before connect()")
+        await self._publish(self._dead_exchange, message, original_routing_key)
+
+    def _jobs(self) -> AbstractRobustExchange:
+        if self._jobs_exchange is None:
+            raise BrokerUnavailable("broker used before connect()")
+        return self._jobs_exchange
+
+    async def _publish(
+        self, exchange: AbstractRobustExchange, message: aio_pika.Message, key: str
+    ) -> None:
+        try:
+            await exchange.publish(
+                message, routing_key=key, mandatory=False, timeout=self._publish_timeout
+            )
+        except PUBLISH_ERRORS as exc:
+            raise BrokerUnavailable(
+                f"publish to {exchange.name} failed: {exc or type(exc).__name__}"
+            ) from exc
+
+    # --- consuming ---------------------------------------------------------------
+
+    async def consume(
+        self, queue_name: str, arguments: Mapping[str, Any], callback: Consumer
+    ) -> None:
+        """Start consuming ``queue_name`` with late acks.
+
+        The queue is declared (idempotently, same arguments) on the consuming
+        channel so that aio-pika restores it and its consumer after a reconnect.
+        """
+        if queue_name in self._consumers:
+            return
+        channel = self._channel(consume=True)
+        queue = await channel.declare_queue(queue_name, durable=True, arguments=dict(arguments))
+        tag = await queue.consume(callback, no_ack=False)
+        self._consumers[queue_name] = (queue, tag)
+
+    @property
+    def consuming(self) -> int:
+        return len(self._consumers)
+
+    async def cancel_consumers(self) -> None:
+        """Stop all deliveries at once (drain); unacked ones stay with us until acked."""
+        consumers, self._consumers = self._consumers, {}
+        for queue, tag in consumers.values():
+            try:
+                await queue.cancel(tag)
+            except PUBLISH_ERRORS as exc:
+                log.warning("consumer_cancel_failed", queue=queue.name, error=str(exc))

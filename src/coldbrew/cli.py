@@ -1,0 +1,230 @@
+"""The ``coldbrew`` command: parses flags, builds settings, maps errors to exit codes.
+
+Exit codes: 0 ok, 1 job or operation failed, 2 usage or configuration error,
+3 RabbitMQ or PostgreSQL unreachable. Errors are one line on stderr; a
+traceback only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from coldbrew import logs
+from coldbrew.errors import (
+    ColdbrewError,
+    ConfigurationError,
+    JobNotFound,
+    ServiceUnavailable,
+)
+from coldbrew.settings import Settings, load_settings
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+Handler = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with one line, as every other usage error does."""
+
+    def error(self, message: str) -> Any:  # noqa: ANN401 - NoReturn in the base class
+        self.exit(EXIT_USAGE, f"coldbrew: {message} (see `coldbrew --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="coldbrew", description="Long-running jobs over RabbitMQ and PostgreSQL.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--namespace", help="overrides COLDBREW_NAMESPACE")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    worker = sub.add_parser("worker", help="run the daemon for the jobs registered on APP")
+    worker.add_argument("app", metavar="MODULE:APP")
+    worker.add_argument("--concurrency", type=int, help="overrides COLDBREW_CONCURRENCY")
+    worker.add_argument("--processes", type=int, help="overrides COLDBREW_PROCESSES")
+    worker.add_argument("--queues", help="comma-separated lanes (COLDBREW_QUEUES)")
+
+    sub.add_parser("migrate", help="create or upgrade the schema (idempotent)")
+
+    submit = sub.add_parser("submit", help="submit a job and print its status JSON")
+    submit.add_argument("type")
+    submit.add_argument("--args", default="{}", help="job arguments as a JSON object")
+    submit.add_argument("--tenant", default="default")
+    submit.add_argument("--queue")
+    submit.add_argument("--priority", type=int, default=0)
+    submit.add_argument("--idempotency-key")
+    submit.add_argument("--max-attempts", type=int)
+    submit.add_argument("--app", metavar="MODULE:APP", help="validate args and pick the lane")
+    submit.add_argument("--wait", action="store_true", help="wait for a terminal status")
+    submit.add_argument("--timeout", type=float, default=300.0, help="how long --wait waits")
+
+    status = sub.add_parser("status", help="print a job's status JSON")
+    status.add_argument("job_id")
+
+    cancel = sub.add_parser("cancel", help="cancel a queued or running job")
+    cancel.add_argument("job_id")
+    cancel.add_argument("--reason", default="cancelled from the command line")
+
+    stats = sub.add_parser("stats", help="depth, oldest age and counts per queue and tenant")
+    stats.add_argument("--json", action="store_true")
+
+    demo = sub.add_parser("demo", help="a self-contained tour on the local broker and database")
+    demo.add_argument("--keep", action="store_true", help="keep the demo's schema and queues")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        overrides = _overrides(args)
+        settings = load_settings(**overrides)
+        logs.configure(settings.log_format, "debug" if args.debug else settings.log_level)
+        return _run(HANDLERS[args.command](args, settings))
+    except KeyboardInterrupt:
+        return 130
+    except ColdbrewError as exc:
+        if args.debug:
+            raise
+        print(f"coldbrew: {exc}", file=sys.stderr)
+        return exit_code(exc)
+
+
+def exit_code(exc: BaseException) -> int:
+    if isinstance(exc, ConfigurationError):
+        return EXIT_USAGE
+    if isinstance(exc, ServiceUnavailable):
+        return EXIT_UNAVAILABLE
+    return EXIT_FAILED
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    found = {
+        "namespace": args.namespace,
+        "concurrency": getattr(args, "concurrency", None),
+        "processes": getattr(args, "processes", None),
+        "queues": getattr(args, "queues", None),
+    }
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+# --- handlers -------------------------------------------------------------------
+
+
+async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.app import load_app
+    from coldbrew.signals import on_stop_signals
+    from coldbrew.worker import Worker
+
+    worker = Worker(load_app(args.app), settings)
+    with on_stop_signals(worker.stop):
+        await worker.run()
+    return EXIT_OK
+
+
+async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.migrate import migrate
+
+    applied = await migrate(settings.database_url, settings.namespace)
+    state = f"applied {applied}" if applied else "already up to date"
+    print(f"coldbrew: schema {settings.namespace!r} {state}")
+    return EXIT_OK
+
+
+async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.app import load_app
+    from coldbrew.client import Client
+
+    try:
+        job_args = json.loads(args.args)
+    except ValueError as exc:
+        raise ConfigurationError(f"--args is not JSON: {exc}") from None
+    if not isinstance(job_args, dict):
+        raise ConfigurationError("--args must be a JSON object")
+    app = load_app(args.app) if args.app else None
+    async with Client.connect(settings, app=app) as client:
+        record = await client.submit(
+            args.type, job_args, tenant=args.tenant, queue=args.queue, priority=args.priority,
+            idempotency_key=args.idempotency_key, max_attempts=args.max_attempts,
+        )
+        if args.wait:
+            record = await client.wait(record.id, timeout=args.timeout)
+        _print_json(record.to_status_json())
+        failed = args.wait and record.status.value != "succeeded"
+        return EXIT_FAILED if failed else EXIT_OK
+
+
+async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.client import Client
+
+    async with Client.connect(settings, broker=False) as client:
+        _print_json(await client.status(args.job_id))
+    return EXIT_OK
+
+
+async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.client import Client
+
+    async with Client.connect(settings, broker=False) as client:
+        record = await client.cancel(args.job_id, args.reason)
+        _print_json(record.to_status_json())
+        if record.status.value not in ("cancelled", "running"):
+            print(f"coldbrew: job {args.job_id} is already {record.status}", file=sys.stderr)
+            return EXIT_FAILED
+    return EXIT_OK
+
+
+async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.store import JobStore
+
+    async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
+        await store.check_schema()
+        rows = await store.queue_stats()
+    if args.json:
+        _print_json([dataclasses.asdict(row) for row in rows])
+        return EXIT_OK
+    header = f"{'queue':<12} {'tenant':<20} {'queued':>7} {'running':>7} {'retrying':>8} " \
+             f"{'dead':>5} {'failed':>6} {'oldest':>9}"
+    print(header)
+    for row in rows:
+        print(
+            f"{row.queue:<12} {row.tenant:<20} {row.queued:>7} {row.running:>7} "
+            f"{row.retrying:>8} {row.dead:>5} {row.failed:>6} {row.oldest_waiting_seconds:>8.1f}s"
+        )
+    if not rows:
+        print("(no jobs)")
+    return EXIT_OK
+
+
+async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.demo import run_demo
+
+    return await run_demo(settings, keep=args.keep, namespace_given=args.namespace is not None)
+
+
+HANDLERS: dict[str, Handler] = {
+    "worker": cmd_worker,
+    "migrate": cmd_migrate,
+    "submit": cmd_submit,
+    "status": cmd_status,
+    "cancel": cmd_cancel,
+    "stats": cmd_stats,
+    "demo": cmd_demo,
+}
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_UNAVAILABLE", "EXIT_USAGE", "JobNotFound", "main"]

@@ -1,0 +1,176 @@
+"""``Client``: submit jobs and follow them, for Python producers, the CLI and the API.
+
+A submission is transactional: the job row is committed with a publish mark,
+then published with a confirm, then the mark is cleared. If the process dies
+between commit and confirm, a worker's relay publishes the row later, so a
+submission that returned is never lost (guarantee 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import structlog
+
+from coldbrew.app import App
+from coldbrew.broker import Broker, JobMessage
+from coldbrew.errors import BrokerUnavailable, ConfigurationError, JobNotFound
+from coldbrew.model import (
+    JOB_ID_RE,
+    MAX_PRIORITY,
+    NAME_RE,
+    JobRecord,
+    Status,
+    job_id_for_key,
+    new_job_id,
+)
+from coldbrew.settings import Settings, load_settings
+from coldbrew.store import ClaimRequest, JobStore
+from coldbrew.topology import Topology
+
+log = structlog.get_logger("coldbrew.client")
+
+
+class Client:
+    """Connected to the job store and (for submissions) the broker."""
+
+    def __init__(
+        self, settings: Settings, store: JobStore, broker: Broker | None, app: App | None
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.broker = broker
+        self.app = app
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls,
+        settings: Settings | None = None,
+        *,
+        app: App | None = None,
+        broker: bool = True,
+    ) -> AsyncIterator[Client]:
+        """Open connections (settings from the environment by default); close them on exit."""
+        settings = settings or load_settings()
+        async with AsyncExitStack() as stack:
+            store = await stack.enter_async_context(
+                JobStore.open(settings.database_url, settings.namespace, pool_size=4)
+            )
+            connected = None
+            if broker:
+                connected = Broker(
+                    settings.amqp_url, Topology(settings.namespace), name="coldbrew-client"
+                )
+                await connected.connect()
+                stack.push_async_callback(connected.close)
+            yield cls(settings, store, connected, app)
+
+    async def submit(
+        self,
+        type: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        tenant: str = "default",
+        queue: str | None = None,
+        priority: int = 0,
+        idempotency_key: str | None = None,
+        job_id: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+    ) -> JobRecord:
+        """Submit a job and return its record; the same idempotency key returns the same job."""
+        request = self._request(
+            type, dict(args or {}), tenant, queue, priority, idempotency_key, job_id,
+            max_attempts, timeout,
+        )
+        record, created = await self.store.insert_job(
+            request, relay_grace=self.settings.relay_grace_seconds
+        )
+        if created:
+            await self._publish(request)
+        return record
+
+    def _request(
+        self, type: str, args: dict[str, Any], tenant: str, queue: str | None, priority: int,
+        idempotency_key: str | None, job_id: str | None, max_attempts: int | None,
+        timeout: float | None,
+    ) -> ClaimRequest:
+        spec = self.app.get(type) if self.app is not None else None
+        if spec is not None:
+            args = spec.validate_args(args)
+        lane = queue or (spec.queue if spec else "default")
+        for what, value in (("tenant", tenant), ("queue", lane)):
+            if not NAME_RE.match(value):
+                raise ConfigurationError(f"{what} {value!r} must match {NAME_RE.pattern}")
+        if not 0 <= priority <= MAX_PRIORITY:
+            raise ConfigurationError(f"priority must be 0..{MAX_PRIORITY}, not {priority}")
+        if job_id is not None and not JOB_ID_RE.match(job_id):
+            raise ConfigurationError("job id must be 1-128 printable ASCII characters")
+        if max_attempts is not None and not 1 <= max_attempts <= 1000:
+            raise ConfigurationError("max_attempts must be 1..1000")
+        if idempotency_key is not None and not 0 < len(idempotency_key) <= 256:
+            raise ConfigurationError("idempotency key must be 1-256 characters")
+        job_id = job_id or (
+            job_id_for_key(tenant, idempotency_key) if idempotency_key else new_job_id()
+        )
+        return ClaimRequest(
+            id=job_id, type=type, queue=lane, tenant=tenant, args=args, priority=priority,
+            max_attempts=max_attempts or (spec and spec.max_attempts) or self.settings.max_attempts,
+            timeout=timeout or (spec.timeout if spec else None),
+            idempotency_key=idempotency_key,
+        )
+
+    async def _publish(self, request: ClaimRequest) -> None:
+        """Publish with a confirm, then clear the mark; on failure the relay publishes later."""
+        if self.broker is None:
+            return
+        mark = await self.store.get_publish_mark(request.id)
+        try:
+            await self.broker.publish_job(
+                JobMessage(
+                    id=request.id, type=request.type, queue=request.queue, tenant=request.tenant,
+                    args=request.args, priority=request.priority,
+                    idempotency_key=request.idempotency_key,
+                    max_attempts=request.max_attempts, timeout=request.timeout,
+                )
+            )
+        except BrokerUnavailable as exc:
+            log.warning("publish_deferred_to_relay", job_id=request.id, error=str(exc))
+            return
+        if mark is not None:
+            await self.store.mark_published([(request.id, mark)])
+
+    async def status(self, job_id: str) -> dict[str, Any]:
+        """The job's status JSON (DESIGN §1)."""
+        return (await self.store.get_job(job_id)).to_status_json()
+
+    async def get(self, job_id: str) -> JobRecord:
+        return await self.store.get_job(job_id)
+
+    async def wait(self, job_id: str, *, timeout: float = 60.0, poll: float = 0.2) -> JobRecord:
+        """Wait until the job is terminal; raise ``TimeoutError`` after ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        delay = min(poll, 0.05)
+        while True:
+            record = await self.store.get_job(job_id)
+            if record.status.terminal:
+                return record
+            if loop.time() >= deadline:
+                raise TimeoutError(f"job {job_id} is still {record.status} after {timeout:g} s")
+            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+            delay = min(delay * 2, poll)
+
+    async def cancel(self, job_id: str, reason: str = "cancelled by request") -> JobRecord:
+        """Cancel a waiting job at once; a running one is stopped within one heartbeat."""
+        record = await self.store.request_cancel(job_id, reason)
+        if record.status is Status.RUNNING:
+            log.info("cancel_requested", job_id=job_id)
+        return record
+
+
+__all__ = ["Client", "JobNotFound"]

@@ -1,0 +1,94 @@
+"""``Context``: what a running job may know and do about itself.
+
+It carries the job's identity and offers progress, checkpoints and the
+at-most-once guard. Every write it makes is fenced by the attempt number, so a
+presumed-dead worker cannot overwrite a newer attempt (guarantee 2). The same
+object serves process-pool jobs: the pool relays the child's calls to it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+if TYPE_CHECKING:
+    from coldbrew.store import JobStore
+
+_log = structlog.get_logger("coldbrew.job")
+
+
+class Context:
+    """Handed to every job as its first argument."""
+
+    __slots__ = (
+        "_log",
+        "_on_progress",
+        "_store",
+        "attempt",
+        "checkpoint_state",
+        "job_id",
+        "max_attempts",
+        "queue",
+        "tenant",
+        "type",
+    )
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        type: str,
+        queue: str,
+        tenant: str,
+        attempt: int,
+        max_attempts: int,
+        checkpoint_state: Any,
+        store: JobStore,
+        on_progress: Callable[[float | None, str | None], None],
+    ) -> None:
+        self.job_id = job_id
+        self.type = type
+        self.queue = queue
+        self.tenant = tenant
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.checkpoint_state = checkpoint_state
+        self._store = store
+        self._on_progress = on_progress
+        self._log: Any = None
+
+    @property
+    def log(self) -> Any:
+        """A structlog logger with job_id, type, tenant and attempt bound (built on first use)."""
+        if self._log is None:
+            self._log = _log.bind(
+                job_id=self.job_id, type=self.type, tenant=self.tenant, attempt=self.attempt
+            )
+        return self._log
+
+    def progress(self, fraction: float | None = None, message: str | None = None) -> None:
+        """Report progress (0..1) and/or a message; written within one progress flush."""
+        if fraction is not None:
+            if not isinstance(fraction, int | float) or math.isnan(fraction):
+                raise ValueError(f"progress must be a number in 0..1, not {fraction!r}")
+            fraction = min(max(float(fraction), 0.0), 1.0)
+        if message is not None:
+            message = str(message)[:500]
+        self._on_progress(fraction, message)
+
+    async def checkpoint(self, state: Any) -> None:
+        """Save JSON state that the next attempt of this job starts from (fenced)."""
+        await self._store.save_checkpoint(self.job_id, self.attempt, state)
+        self.checkpoint_state = state
+
+    async def once(self, name: str) -> bool:
+        """True exactly once per job and ``name``, across attempts and duplicate deliveries.
+
+        The guard is committed before the caller's side effect runs: if the
+        worker dies between the two, the effect is skipped on retry (at most
+        once, never twice).
+        """
+        return await self._store.claim_once(self.job_id, name, self.attempt)

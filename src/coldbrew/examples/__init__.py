@@ -1,0 +1,1 @@
+"""Example apps shipped with coldbrew (the demo uses ``coldbrew.examples.demo:app``)."""

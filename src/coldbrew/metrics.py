@@ -1,0 +1,511 @@
+"""Prometheus metrics for the worker, and the small HTTP server behind `/metrics` and the probes.
+
+Every metric lives on a `CollectorRegistry` passed in (tests get a fresh one;
+nothing is registered at import). Labels are bounded: queue, job type, outcome
+and a few fixed cause codes. Values that live elsewhere (queue depth, oldest
+job age) are read at scrape time through `Metrics.add_scrape_callback`.
+
+The server is a deliberately tiny HTTP/1.1 responder on `asyncio.start_server`:
+three read-only paths do not justify a web framework in the worker, and it
+runs on the worker's own event loop so the probes reflect that loop's health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType, TracebackType
+from typing import Any, Final, Literal
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from coldbrew.errors import ConfigurationError
+
+__all__ = [
+    "BREAKER_STATES",
+    "DURATION_BUCKETS",
+    "OUTCOMES",
+    "REDELIVERY_CAUSES",
+    "RELAY_CAUSES",
+    "JobHandles",
+    "Metrics",
+    "MetricsServer",
+    "Outcome",
+    "ScrapeCallback",
+]
+
+Outcome = Literal["succeeded", "failed", "retrying", "dead", "cancelled", "fenced", "released"]
+OUTCOMES: Final[tuple[Outcome, ...]] = (
+    "succeeded",
+    "failed",
+    "retrying",
+    "dead",
+    "cancelled",
+    "fenced",
+    "released",
+)
+REDELIVERY_CAUSES: Final = ("broker_flag", "duplicate", "lease_expired")
+RELAY_CAUSES: Final = ("submission", "retry", "lease_expired", "replay")
+BreakerState = Literal["closed", "half_open", "open"]
+BREAKER_STATES: Final[Mapping[BreakerState, int]] = MappingProxyType(
+    {"closed": 0, "half_open": 1, "open": 2}
+)
+
+# Seconds, from 1 ms thumbnails to hour-long transcodes: roughly 1-2.5-5 per
+# decade below a minute, then minutes, so both ends keep useful resolution.
+DURATION_BUCKETS: Final = (
+    *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+    *(1.0, 2.5, 5.0, 10.0, 30.0),
+    *(60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0),
+)
+
+ScrapeCallback = Callable[[], Iterable[tuple[Sequence[str], float]]]
+"""Returns ``(label_values, value)`` pairs; called synchronously during every scrape."""
+
+_PREFIX: Final = "coldbrew_"
+
+
+@dataclass(frozen=True, slots=True)
+class JobHandles:
+    """The labelled children for one ``(queue, type)``, resolved once.
+
+    ``Counter.labels()`` takes a lock and builds a tuple per call; at thousands
+    of jobs per second the worker uses these instead.
+    """
+
+    started: Counter
+    duration: Histogram
+    retries: Counter
+    finished: Mapping[str, Counter]
+
+    def finish(self, outcome: Outcome, seconds: float | None = None) -> None:
+        """Count the outcome and, when the job ran, observe how long it took."""
+        self.finished[outcome].inc()
+        if seconds is not None:
+            self.duration.observe(seconds)
+
+
+class Metrics:
+    """All of coldbrew's metrics, registered on ``registry``.
+
+    Counters and gauges are public attributes; call ``.labels(...)`` on them
+    off the hot path, and use `job_handles` on it.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._init_job_metrics(registry)
+        self._init_delivery_metrics(registry)
+        self._init_fleet_metrics(registry)
+        self._handles: dict[tuple[str, str], JobHandles] = {}
+        # Known label values exist from the start, so rate() sees the first increment.
+        for cause in REDELIVERY_CAUSES:
+            self.redeliveries.labels(cause=cause)
+        for cause in RELAY_CAUSES:
+            self.relay_published.labels(cause=cause)
+
+    def _init_job_metrics(self, reg: CollectorRegistry) -> None:
+        self.jobs_started = Counter(
+            "coldbrew_jobs_started_total",
+            "Job attempts started.",
+            ["queue", "type"],
+            registry=reg,
+        )
+        self.jobs_finished = Counter(
+            "coldbrew_jobs_finished_total",
+            "Job attempts finished, by outcome.",
+            ["queue", "type", "outcome"],
+            registry=reg,
+        )
+        self.job_duration = Histogram(
+            "coldbrew_job_duration_seconds",
+            "Wall time of one job attempt.",
+            ["type"],
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self.jobs_in_flight = Gauge(
+            "coldbrew_jobs_in_flight", "Jobs this worker is running now.", registry=reg
+        )
+        self.retries = Counter(
+            "coldbrew_retries_total", "Attempts that will be retried.", ["type"], registry=reg
+        )
+
+    def _init_delivery_metrics(self, reg: CollectorRegistry) -> None:
+        self.duplicate_deliveries = Counter(
+            "coldbrew_duplicate_deliveries_total",
+            "Deliveries of a job already running elsewhere or finished; acked, not run.",
+            ["queue"],
+            registry=reg,
+        )
+        self.redeliveries = Counter(
+            "coldbrew_redeliveries_total",
+            "Deliveries seen again, by cause.",
+            ["cause"],
+            registry=reg,
+        )
+        self.dead_letters = Counter(
+            "coldbrew_dead_letters_total",
+            "Jobs or messages sent to the dead letters.",
+            ["reason"],
+            registry=reg,
+        )
+        self.fenced_writes = Counter(
+            "coldbrew_fenced_writes_total",
+            "Writes that found the row moved on (another attempt or status) and changed nothing.",
+            ["operation"],
+            registry=reg,
+        )
+
+    def _init_fleet_metrics(self, reg: CollectorRegistry) -> None:
+        self.lease_extensions = Counter(
+            "coldbrew_lease_extensions_total", "Leases extended by heartbeats.", registry=reg
+        )
+        self.leases_lost = Counter(
+            "coldbrew_leases_lost_total",
+            "In-flight jobs whose lease this worker no longer holds.",
+            registry=reg,
+        )
+        self.heartbeat_lag = Gauge(
+            "coldbrew_heartbeat_lag_seconds",
+            "How late the last heartbeat ran against its schedule.",
+            registry=reg,
+        )
+        self.relay_published = Counter(
+            "coldbrew_relay_published_total",
+            "Due rows the relay published, by cause.",
+            ["cause"],
+            registry=reg,
+        )
+        self.tenants_provisioned = Counter(
+            "coldbrew_tenants_provisioned_total",
+            "Tenant queues this worker declared on first use.",
+            registry=reg,
+        )
+        self.priority_clamped = Counter(
+            "coldbrew_priority_clamped_total",
+            "Messages whose priority was outside 0-9 and was clamped.",
+            registry=reg,
+        )
+        self.breaker_state = Gauge(
+            "coldbrew_breaker_state",
+            "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
+            ["name"],
+            registry=reg,
+        )
+
+    def job_handles(self, queue: str, type: str) -> JobHandles:
+        """Return the cached labelled children for a registered job type on a queue.
+
+        Only call it with registered types and declared queues: every distinct
+        pair becomes a set of series that lives as long as the process.
+        """
+        key = (queue, type)
+        handles = self._handles.get(key)
+        if handles is None:
+            finished: dict[str, Counter] = {
+                o: self.jobs_finished.labels(queue, type, o) for o in OUTCOMES
+            }
+            handles = JobHandles(
+                started=self.jobs_started.labels(queue, type),
+                duration=self.job_duration.labels(type),
+                retries=self.retries.labels(type),
+                finished=MappingProxyType(finished),
+            )
+            self._handles[key] = handles
+        return handles
+
+    def set_breaker_state(self, name: str, state: BreakerState) -> None:
+        """Publish a circuit breaker's state as 0/1/2 so it can be graphed and alerted on."""
+        self.breaker_state.labels(name=name).set(BREAKER_STATES[state])
+
+    def add_scrape_callback(
+        self, name: str, documentation: str, labelnames: Sequence[str], fn: ScrapeCallback
+    ) -> None:
+        """Expose a gauge family whose samples ``fn`` computes at each scrape.
+
+        For values that are expensive to keep current but cheap to read when
+        asked (queue depth, oldest job age). ``fn`` runs synchronously during
+        the scrape, so it should return a cached snapshot, not do I/O. If it
+        raises, the family is left out of that scrape and the error is logged.
+        """
+        if not name.startswith(_PREFIX):
+            raise ValueError(f"metric name {name!r} must start with {_PREFIX!r}")
+        self.registry.register(_CallbackCollector(name, documentation, tuple(labelnames), fn))
+
+
+class _CallbackCollector:
+    """A custom collector: one gauge family filled by a callback at scrape time."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: tuple[str, ...], fn: ScrapeCallback
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = labelnames
+        self._fn = fn
+
+    def describe(self) -> list[Metric]:
+        """Declare the family's name so the registry rejects a duplicate at registration."""
+        return [GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)]
+
+    def collect(self) -> list[Metric]:
+        family = GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        try:
+            for label_values, value in self._fn():
+                family.add_metric(self._check_labels(label_values), float(value))
+        except Exception:  # noqa: BLE001 - a broken gauge must not take the other metrics down
+            structlog.get_logger("coldbrew.metrics").warning(
+                "scrape_callback_failed", metric=self._name, exc_info=True
+            )
+            return []
+        return [family]
+
+    def _check_labels(self, label_values: Sequence[str]) -> list[str]:
+        if len(label_values) != len(self._labelnames):
+            raise ValueError(
+                f"expected {len(self._labelnames)} label values, got {len(label_values)}"
+            )
+        return [str(v) for v in label_values]
+
+
+# --- the HTTP server ---------------------------------------------------------
+
+HealthCheck = Callable[[], tuple[bool, str]]
+
+_REASONS: Final = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_PATHS: Final = frozenset({"/metrics", "/healthz", "/readyz"})
+_JSON: Final = "application/json"
+_TEXT: Final = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    method: str
+    path: str
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Response:
+    status: int
+    content_type: str
+    body: bytes
+    extra_headers: tuple[tuple[str, str], ...] = ()
+
+
+def _text(status: int, message: str) -> _Response:
+    return _Response(status, _TEXT, f"{message}\n".encode())
+
+
+def _parse_head(head: bytes) -> _Request | None:
+    """Parse a request line and headers; ``None`` means malformed (400)."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3:
+        return None
+    method, target, version = parts
+    if not _TOKEN.fullmatch(method) or not target.startswith("/"):
+        return None
+    if version not in ("HTTP/1.0", "HTTP/1.1"):
+        return None
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not _TOKEN.fullmatch(name):
+            return None
+        headers[name.lower()] = value.strip(" \t")
+    return _Request(method, target.split("?", 1)[0], headers)
+
+
+class MetricsServer:
+    """Serves ``/metrics``, ``/healthz`` and ``/readyz`` for one worker.
+
+    ``is_healthy`` answers "should this process be restarted?" (liveness) and
+    ``is_ready`` "should it get work?" (readiness); each returns ``(ok, reason)``.
+    Every response closes the connection: scrapers and probes open one per
+    request anyway, and it keeps the server free of keep-alive state.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        *,
+        is_healthy: HealthCheck,
+        is_ready: HealthCheck,
+        read_timeout: float = 5.0,
+        max_header_bytes: int = 8192,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._registry = registry
+        self._is_healthy = is_healthy
+        self._is_ready = is_ready
+        self._read_timeout = read_timeout
+        self._max_header_bytes = max_header_bytes
+        self._server: asyncio.Server | None = None
+        self._closing = False
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    @property
+    def port(self) -> int:
+        """The port listened on; the real one after `start` when configured as 0."""
+        if self._server is not None and self._server.sockets:
+            return int(self._server.sockets[0].getsockname()[1])
+        return self._port
+
+    async def start(self) -> None:
+        """Listen; returns once connections are accepted.
+
+        Raises `ConfigurationError` when the address cannot be bound, because
+        the usual cause is a second worker on the same host and port.
+        """
+        if self._server is not None or self._closing:
+            raise RuntimeError("a metrics server starts once")
+        try:
+            self._server = await asyncio.start_server(
+                self._handle, self._host, self._port, limit=self._max_header_bytes
+            )
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigurationError(
+                    f"metrics port {self._port} on {self._host} is already in use; "
+                    "set COLDBREW_METRICS_PORT to a free port (0 picks one)"
+                ) from exc
+            raise ConfigurationError(
+                f"cannot listen for metrics on {self._host}:{self._port} ({exc}); "
+                "check COLDBREW_METRICS_HOST and COLDBREW_METRICS_PORT"
+            ) from exc
+
+    async def close(self) -> None:
+        """Stop listening and drop open connections; safe to call twice."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._closing = True
+        server.close()
+        for task in self._connections:
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await server.wait_closed()
+
+    async def __aenter__(self) -> MetricsServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one request; never lets an exception escape into the event loop."""
+        task = asyncio.current_task()
+        if self._closing or task is None:
+            writer.close()
+            return
+        self._connections.add(task)
+        try:
+            request, response = await self._read_and_respond(reader)
+            if response is not None:
+                with_body = request is None or request.method != "HEAD"
+                await self._send(writer, response, with_body=with_body)
+        except Exception as exc:  # noqa: BLE001 - one bad connection must not reach the loop
+            structlog.get_logger("coldbrew.metrics").debug(
+                "metrics_connection_failed", error=repr(exc)
+            )
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _read_and_respond(
+        self, reader: asyncio.StreamReader
+    ) -> tuple[_Request | None, _Response | None]:
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            return None, _text(408, "request timeout")
+        except asyncio.LimitOverrunError:
+            return None, _text(431, f"request head over {self._max_header_bytes} bytes")
+        except asyncio.IncompleteReadError:
+            return None, None  # the client went away before finishing its request
+        request = _parse_head(head)
+        if request is None:
+            return None, _text(400, "malformed request")
+        return request, self._route(request)
+
+    def _route(self, request: _Request) -> _Response:
+        if request.path not in _PATHS:
+            return _text(404, "not found")
+        if request.method not in ("GET", "HEAD"):
+            return _Response(405, _TEXT, b"method not allowed\n", (("Allow", "GET, HEAD"),))
+        if request.path == "/metrics":
+            return self._render_metrics(request.headers.get("accept", ""))
+        check = self._is_healthy if request.path == "/healthz" else self._is_ready
+        return _probe(check)
+
+    def _render_metrics(self, accept: str) -> _Response:
+        """Render in the format the scraper asked for (text 0.0.4 unless it wants OpenMetrics)."""
+        encoder, content_type = choose_encoder(accept)
+        try:
+            body = encoder(self._registry)
+        except Exception:  # noqa: BLE001 - answer 500 rather than drop the connection
+            structlog.get_logger("coldbrew.metrics").warning("metrics_render_failed", exc_info=True)
+            return _text(500, "metrics collection failed")
+        return _Response(200, content_type, body)
+
+    async def _send(
+        self, writer: asyncio.StreamWriter, response: _Response, *, with_body: bool
+    ) -> None:
+        """Write the response; a HEAD gets the same headers, Content-Length included, no body."""
+        headers = [
+            ("Content-Type", response.content_type),
+            ("Content-Length", str(len(response.body))),
+            ("Connection", "close"),
+            *response.extra_headers,
+        ]
+        reason = _REASONS.get(response.status, "Unknown")
+        lines = [f"HTTP/1.1 {response.status} {reason}"]
+        lines += [f"{name}: {value}" for name, value in headers]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        writer.write(head + response.body if with_body else head)
+        async with asyncio.timeout(self._read_timeout):
+            await writer.drain()
+
+
+def _probe(check: HealthCheck) -> _Response:
+    """Turn a probe callback into 200 or 503; a raising callback counts as not ok."""
+    try:
+        ok, reason = check()
+    except Exception as exc:  # noqa: BLE001 - a probe that cannot answer is a failing probe
+        ok, reason = False, f"check raised {type(exc).__name__}"
+    if ok:
+        body: dict[str, str] = {"status": "ok"}
+    else:
+        body = {"status": "unavailable", "reason": reason}
+    return _Response(200 if ok else 503, _JSON, json.dumps(body, separators=(",", ":")).encode())

@@ -1,0 +1,306 @@
+"""Runs one delivery end to end: claim, run, write the fenced outcome, then ack.
+
+The delivery is a hint and the row is the truth (STYLE §8): the outcome is
+written first, shielded from cancellation, and only then is the message acked.
+A delivery whose job is finished, or held under a live lease elsewhere, is
+acked as a duplicate and not run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import structlog
+
+from coldbrew import retry
+from coldbrew.broker import Broker, settle
+from coldbrew.context import Context
+from coldbrew.errors import (
+    BrokerUnavailable,
+    DatabaseUnavailable,
+    JobCancelled,
+    JobTimeout,
+    StaleWrite,
+)
+from coldbrew.jobstate import Delivery, InFlight, JobState
+from coldbrew.metrics import Metrics
+from coldbrew.procpool import ProcessPool
+from coldbrew.settings import Settings
+from coldbrew.store import ClaimRequest, ClaimResult, JobStore, Outcome, RawJSON
+
+log = structlog.get_logger("coldbrew.runner")
+T = TypeVar("T")
+
+class JobRunner:
+    """Everything needed to run one claimed job; shared by all of a worker's jobs."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: JobStore,
+        broker: Broker,
+        pool: ProcessPool | None,
+        metrics: Metrics,
+        inflight: InFlight,
+        is_stopping: Callable[[], bool],
+        on_db_health: Callable[[bool], None],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.broker = broker
+        self.pool = pool
+        self.metrics = metrics
+        self.inflight = inflight
+        self._is_stopping = is_stopping
+        self._on_db_health = on_db_health
+        self._rand = random.Random()
+
+    # --- one delivery -------------------------------------------------------------
+
+    async def process(self, delivery: Delivery) -> None:
+        """Claim, run, record and settle one delivery. Never raises (but CancelledError)."""
+        message = delivery.message
+        claim = await self._until_db_ok(lambda: self.store.claim(self._claim_request(delivery)))
+        if claim is None:  # stopping while the database is away: let another worker have it
+            await settle(message, requeue=True)
+            return
+        if not claim.claimed:
+            await self._not_claimed(delivery, claim)
+            return
+        state = JobState(claim.id, claim.attempt, delivery, time.monotonic())
+        self.inflight.add(state)
+        handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
+        handles.started.inc()
+        self.metrics.jobs_in_flight.inc()
+        try:
+            if self._is_stopping():  # claimed during the drain: hand it straight back
+                state.stop_reason = "released"
+                outcome: Outcome | str = "released"
+            else:
+                outcome = await self._run(state, claim)
+            await self._record(state, outcome)
+        finally:
+            self.inflight.remove(state)
+            self.metrics.jobs_in_flight.dec()
+
+    def _claim_request(self, delivery: Delivery) -> ClaimRequest:
+        env, spec = delivery.envelope, delivery.spec
+        return ClaimRequest(
+            id=env.job_id,
+            type=env.type,
+            queue=env.queue,
+            tenant=env.tenant,
+            args=env.args,
+            priority=env.priority,
+            max_attempts=env.max_attempts or spec.max_attempts or self.settings.max_attempts,
+            timeout=env.timeout or spec.timeout,
+            idempotency_key=env.idempotency_key,
+        )
+
+    async def _not_claimed(self, delivery: Delivery, claim: ClaimResult) -> None:
+        """The job is finished, held elsewhere, not due yet, or just ran out of attempts."""
+        env = delivery.envelope
+        if claim.status == "dead":
+            await self._publish_dead(delivery, "max_attempts", "retry budget spent at claim")
+        else:
+            self.metrics.duplicate_deliveries.labels(env.queue).inc()
+            self.metrics.redeliveries.labels("duplicate").inc()
+            log.debug("duplicate_delivery", job_id=env.job_id, status=claim.status)
+        await settle(delivery.message)
+
+    # --- running --------------------------------------------------------------------
+
+    async def _run(self, state: JobState, claim: ClaimResult) -> Outcome | str:
+        """Run the job; return the outcome to write, or "fenced"/"released"."""
+        delivery = state.delivery
+        spec = delivery.spec
+        timeout = claim.timeout
+        ctx = Context(
+            job_id=state.id,
+            type=spec.name,
+            queue=delivery.envelope.queue,
+            tenant=delivery.envelope.tenant,
+            attempt=state.attempt,
+            max_attempts=claim.max_attempts,
+            checkpoint_state=claim.checkpoint,
+            store=self.store,
+            on_progress=state.report_progress,
+        )
+        try:
+            if spec.is_coroutine:
+                result = await self._run_coroutine(state, ctx, timeout)
+            else:
+                result = await self._run_in_pool(state, ctx, claim, timeout)
+        except asyncio.CancelledError:
+            if state.stop_reason is None:
+                raise
+            return self._stopped(state)
+        except JobCancelled:
+            return self._stopped(state)
+        except Exception as exc:  # noqa: BLE001 - a job's own exception is data, classified below
+            if state.stop_reason is not None:
+                return self._stopped(state)
+            return self._failure(state, claim, exc)
+        return self._success(state, result)
+
+    async def _run_coroutine(self, state: JobState, ctx: Context, timeout: float | None) -> Any:
+        if state.stop_reason is not None:
+            raise JobCancelled(state.stop_reason)
+        async with asyncio.timeout(timeout) as scope:
+            state.scope = scope
+            try:
+                return await state.delivery.spec.func(ctx, **state.delivery.args)
+            except TimeoutError:
+                if state.stop_reason is not None:
+                    raise JobCancelled(state.stop_reason) from None
+                if scope.expired():
+                    raise JobTimeout(f"job ran past its timeout of {timeout:g} s") from None
+                raise
+
+    async def _run_in_pool(
+        self, state: JobState, ctx: Context, claim: ClaimResult, timeout: float | None
+    ) -> Any:
+        if self.pool is None:
+            raise RuntimeError("a process-pool job arrived but COLDBREW_PROCESSES is 0")
+        state.in_process = True
+        info = {
+            "job_id": state.id,
+            "type": ctx.type,
+            "attempt": state.attempt,
+            "tenant": ctx.tenant,
+            "queue": ctx.queue,
+            "max_attempts": claim.max_attempts,
+            "checkpoint": claim.checkpoint,
+        }
+        return await self.pool.run(ctx.type, state.delivery.args, info, ctx, timeout=timeout)
+
+    def stop(self, state: JobState, reason: str) -> None:
+        """Stop a running job: cancelled by request, fenced, or released at shutdown."""
+        if state.stop_reason is not None:
+            return
+        state.stop_reason = reason
+        if state.in_process and self.pool is not None:
+            self.pool.cancel(state.id)
+        elif state.scope is not None:
+            state.scope.reschedule(asyncio.get_running_loop().time())
+
+    def _stopped(self, state: JobState) -> Outcome | str:
+        reason = state.stop_reason or "cancelled"
+        if reason in ("fenced", "released"):
+            return reason
+        return Outcome(
+            state.id, state.attempt, "cancelled", error_kind="cancelled",
+            error_message=reason.removeprefix("cancelled: "),
+        )
+
+    def _success(self, state: JobState, result: Any) -> Outcome:
+        try:
+            encoded = RawJSON(json.dumps(result))
+        except (TypeError, ValueError) as exc:
+            return Outcome(
+                state.id, state.attempt, "failed", error_kind="unserializable_result",
+                error_message=f"the job's return value is not JSON: {exc}",
+            )
+        return Outcome(state.id, state.attempt, "succeeded", result=encoded)
+
+    def _failure(self, state: JobState, claim: ClaimResult, exc: Exception) -> Outcome:
+        spec = state.delivery.spec
+        policy = retry.RetryPolicy(
+            max_attempts=claim.max_attempts,
+            base=self.settings.retry_base_seconds,
+            cap=self.settings.retry_max_seconds,
+            max_wall_seconds=None,
+            retry_on=spec.retry_on,
+            dont_retry_on=spec.dont_retry_on,
+        )
+        decision = retry.decide(
+            policy, exc, attempt=state.attempt, first_started_at=claim.started_at,
+            now=datetime.now(UTC), rand=self._rand.random,
+        )
+        log.info(
+            "job_failed", job_id=state.id, type=spec.name, attempt=state.attempt,
+            error_kind=decision.error_kind, error=decision.error_message,
+            next_status=str(decision.status), retry_in=round(decision.delay, 3),
+        )
+        return Outcome(
+            state.id, state.attempt, str(decision.status), error_kind=decision.error_kind,
+            error_message=decision.error_message, delay=decision.delay,
+            dead_reason=decision.reason,
+        )
+
+    # --- recording ----------------------------------------------------------------
+
+    async def _record(self, state: JobState, outcome: Outcome | str) -> None:
+        delivery = state.delivery
+        handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
+        elapsed = time.monotonic() - state.started
+        if outcome == "fenced":
+            handles.finish("fenced", elapsed)
+            self.metrics.fenced_writes.labels("complete").inc()
+            await settle(delivery.message)
+            return
+        if outcome == "released":
+            await self._until_db_ok(
+                lambda: self.store.release([(state.id, state.attempt)]), give_up_on_stop=False
+            )
+            handles.finish("released", elapsed)
+            await settle(delivery.message, requeue=True)
+            return
+        assert isinstance(outcome, Outcome)  # noqa: S101 - narrowed by the two returns above
+        written = await asyncio.shield(
+            self._until_db_ok(lambda: self.store.complete(outcome), give_up_on_stop=False)
+        )
+        if not written:
+            self.metrics.fenced_writes.labels("complete").inc()
+            handles.finish("fenced", elapsed)
+            log.warning("outcome_fenced", job_id=state.id, attempt=state.attempt)
+        else:
+            handles.finish(outcome.status, elapsed)  # type: ignore[arg-type]
+            if outcome.status == "retrying":
+                handles.retries.inc()
+            elif outcome.status == "dead":
+                await self._publish_dead(delivery, outcome.dead_reason or "dead", outcome.error_message or "")
+        log.debug("job_finished", job_id=state.id, status=outcome.status, seconds=round(elapsed, 4))
+        await settle(delivery.message)
+
+    async def _publish_dead(self, delivery: Delivery, reason: str, detail: str) -> None:
+        """A copy of a dead job on ``<ns>.dead`` for RabbitMQ-native tools (best effort)."""
+        self.metrics.dead_letters.labels(reason).inc()
+        message = delivery.message
+        try:
+            await self.broker.publish_dead(
+                message.body, reason=reason, detail=detail, headers=message.headers or {},
+                message_id=delivery.envelope.job_id, original_routing_key=message.routing_key or "",
+            )
+        except BrokerUnavailable as exc:
+            log.warning("dead_copy_not_published", job_id=delivery.envelope.job_id, error=str(exc))
+
+    async def _until_db_ok(
+        self, op: Callable[[], Awaitable[T]], *, give_up_on_stop: bool = True
+    ) -> T | None:
+        """Retry ``op`` while PostgreSQL is unreachable, holding the delivery meanwhile."""
+        delay = 0.2
+        while True:
+            try:
+                result = await op()
+            except DatabaseUnavailable as exc:
+                self._on_db_health(False)
+                if give_up_on_stop and self._is_stopping():
+                    return None
+                log.warning("database_unavailable", error=str(exc), retry_in=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            except StaleWrite:
+                return None
+            self._on_db_health(True)
+            return result
+
+

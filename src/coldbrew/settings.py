@@ -1,0 +1,196 @@
+"""Typed settings, built once at the edge (the CLI) and passed down.
+
+Every setting is an environment variable ``COLDBREW_<NAME>``, also read from a
+``.env`` file; any of them may instead come from a file named by
+``COLDBREW_<NAME>_FILE`` (container secrets). The names are flat because they
+are part of the contract (DESIGN §1); modules take the fields they need.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from coldbrew.errors import ConfigurationError
+
+ENV_PREFIX = "COLDBREW_"
+NAME_PATTERN = r"^[a-z0-9_-]{1,64}$"
+NAMESPACE_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with its password replaced by ``***`` (for messages and logs)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+class _FileSecretsSource(PydanticBaseSettingsSource):
+    """Reads ``COLDBREW_<NAME>_FILE``: the value is the file's content, stripped."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        env_name = f"{ENV_PREFIX}{field_name.upper()}_FILE"
+        path = os.environ.get(env_name)
+        if not path:
+            return None, field_name, False
+        try:
+            return Path(path).read_text(encoding="utf-8").strip(), field_name, False
+        except OSError as exc:
+            raise ConfigurationError(f"{env_name}: cannot read {path}: {exc.strerror}") from exc
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name, field in self.settings_cls.model_fields.items():
+            value, key, _ = self.get_field_value(field, name)
+            if value is not None:
+                values[key] = value
+        return values
+
+
+class Settings(BaseSettings):
+    """All of coldbrew's settings; see ``config/coldbrew.example.env`` for each one."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    database_url: str = "postgresql://127.0.0.1:5432/coldbrew"
+    namespace: Annotated[str, Field(pattern=NAMESPACE_PATTERN)] = "coldbrew"
+
+    concurrency: Annotated[int, Field(ge=1, le=100_000)] = 100
+    processes: Annotated[int, Field(ge=0, le=1024)] = Field(
+        default_factory=lambda: os.cpu_count() or 1
+    )
+    prefetch: Annotated[int, Field(ge=0, le=65_535)] = 0
+    queues: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    lease_seconds: Annotated[float, Field(gt=0)] = 30.0
+    heartbeat_seconds: Annotated[float, Field(gt=0)] = 10.0
+    reaper_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+    relay_interval_seconds: Annotated[float, Field(gt=0)] = 1.0
+    relay_grace_seconds: Annotated[float, Field(ge=0)] = 10.0
+    progress_flush_seconds: Annotated[float, Field(gt=0)] = 1.0
+    tenant_resync_seconds: Annotated[float, Field(gt=0)] = 10.0
+    shutdown_grace_seconds: Annotated[float, Field(ge=0)] = 30.0
+    aging_seconds: Annotated[float, Field(gt=0)] = 10.0
+
+    max_attempts: Annotated[int, Field(ge=1, le=1000)] = 5
+    retry_base_seconds: Annotated[float, Field(gt=0)] = 1.0
+    retry_max_seconds: Annotated[float, Field(gt=0)] = 600.0
+    max_body_bytes: Annotated[int, Field(ge=1024, le=128 * 1024 * 1024)] = 256 * 1024
+
+    db_pool_size: Annotated[int, Field(ge=2, le=200)] = 10
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - a container's metrics must be reachable
+    metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9464
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """A plain variable beats ``*_FILE``, which beats ``.env``."""
+        return (init_settings, env_settings, _FileSecretsSource(settings_cls), dotenv_settings)
+
+    @field_validator("queues", mode="before")
+    @classmethod
+    def _split_queues(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("queues")
+    @classmethod
+    def _check_queue_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(NAME_PATTERN, name):
+                raise ValueError(f"queue name {name!r} must match {NAME_PATTERN}")
+        return value
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _check_amqp_url(cls, value: str) -> str:
+        if urlsplit(value).scheme not in ("amqp", "amqps"):
+            raise ValueError("must start with amqp:// or amqps://")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str) -> str:
+        if urlsplit(value).scheme not in ("postgresql", "postgres"):
+            raise ValueError("must start with postgresql://")
+        return value
+
+    @model_validator(mode="after")
+    def _check_timing(self) -> Settings:
+        if self.heartbeat_seconds >= self.lease_seconds / 2:
+            raise ValueError(
+                f"COLDBREW_HEARTBEAT_SECONDS ({self.heartbeat_seconds:g}) must be less than "
+                f"half of COLDBREW_LEASE_SECONDS ({self.lease_seconds:g})"
+            )
+        if self.retry_base_seconds > self.retry_max_seconds:
+            raise ValueError("COLDBREW_RETRY_BASE_SECONDS must not exceed COLDBREW_RETRY_MAX_SECONDS")
+        return self
+
+    @property
+    def effective_prefetch(self) -> int:
+        """Deliveries held per consumer: enough to keep every job slot busy."""
+        return self.prefetch or min(self.concurrency, 1000)
+
+    def safe_amqp_url(self) -> str:
+        return mask_url(self.amqp_url)
+
+    def safe_database_url(self) -> str:
+        return mask_url(self.database_url)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings from the environment, turning validation errors into one clear line."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigurationError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        if loc:
+            name = f"{ENV_PREFIX}{loc[0].upper()}"
+            given = error.get("input")
+            shown = "" if isinstance(given, dict) else f" (got {given!r})"
+            problems.append(f"{name}: {error['msg']}{shown}")
+        else:
+            problems.append(error["msg"].removeprefix("Value error, "))
+    return "invalid configuration: " + "; ".join(problems)

@@ -1,0 +1,82 @@
+-- 0001: the job store. Runs with search_path set to the namespace's schema.
+
+CREATE TYPE job_status AS ENUM (
+    'queued', 'running', 'retrying', 'succeeded', 'failed', 'dead', 'cancelled'
+);
+
+CREATE TABLE jobs (
+    id                text PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 128),
+    type              text NOT NULL,
+    queue             text NOT NULL,
+    tenant            text NOT NULL,
+    args              jsonb NOT NULL DEFAULT '{}'::jsonb,
+    status            job_status NOT NULL DEFAULT 'queued',
+    priority          smallint NOT NULL DEFAULT 0 CHECK (priority BETWEEN 0 AND 9),
+    attempt           integer NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+    max_attempts      integer NOT NULL CHECK (max_attempts >= 1),
+    timeout_seconds   double precision CHECK (timeout_seconds > 0),
+    idempotency_key   text,
+    progress          real CHECK (progress BETWEEN 0 AND 1),
+    progress_message  text,
+    checkpoint        jsonb,
+    result            jsonb,
+    error_kind        text,
+    error_message     text,
+    dead_reason       text,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    started_at        timestamptz,
+    finished_at       timestamptz,
+    run_at            timestamptz NOT NULL DEFAULT now(),
+    -- set while the job still has to be (re)published: the relay publishes
+    -- rows whose publish_after has passed ("Postgres is the clock")
+    publish_after     timestamptz,
+    lease_expires_at  timestamptz,
+    worker_id         text,
+    cancel_requested  boolean NOT NULL DEFAULT false,
+    cancel_reason     text,
+    updated_at        timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX jobs_publish_due ON jobs (publish_after) WHERE publish_after IS NOT NULL;
+CREATE INDEX jobs_lease_expiry ON jobs (lease_expires_at) WHERE status = 'running';
+CREATE INDEX jobs_waiting ON jobs (queue, tenant, created_at)
+    WHERE status IN ('queued', 'retrying');
+CREATE INDEX jobs_dead ON jobs (finished_at) WHERE status = 'dead';
+
+-- Side effects that must happen at most once per job (ctx.once).
+CREATE TABLE job_once (
+    job_id      text NOT NULL,
+    name        text NOT NULL,
+    attempt     integer NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job_id, name)
+);
+
+-- Every (lane, tenant) pair that has a queue on the broker.
+CREATE TABLE tenant_queues (
+    queue       text NOT NULL,
+    tenant      text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, tenant)
+);
+
+-- Tenants and their scheduling settings.
+CREATE TABLE tenants (
+    name         text PRIMARY KEY,
+    weight       real NOT NULL DEFAULT 1 CHECK (weight > 0),
+    max_running  integer CHECK (max_running >= 0),
+    paused       boolean NOT NULL DEFAULT false,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+
+-- Messages that broke the producer contract: kept with their original bytes.
+CREATE TABLE rejected_messages (
+    id           bigserial PRIMARY KEY,
+    reason       text NOT NULL,
+    detail       text NOT NULL,
+    message_id   text,
+    routing_key  text NOT NULL,
+    headers      jsonb,
+    body         bytea NOT NULL,
+    received_at  timestamptz NOT NULL DEFAULT now()
+);

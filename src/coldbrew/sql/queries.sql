@@ -1,0 +1,259 @@
+-- Every statement coldbrew sends to PostgreSQL, by name. Each block starts with
+-- "-- name: <name>", then one comment line that says what it does and lists
+-- its positional parameters in order. The pool's search_path is the
+-- namespace's schema, so no statement names a schema.
+
+-- name: insert_job
+-- Submit a job as queued and unpublished ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds)
+INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
+                  idempotency_key, publish_after)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10))
+ON CONFLICT (id) DO NOTHING
+RETURNING *;
+
+-- name: get_job
+-- One job by id ($1 id)
+SELECT * FROM jobs WHERE id = $1;
+
+-- name: mark_published
+-- Clear the publish mark of rows whose publish was confirmed, unless it was re-set meanwhile ($1 ids, $2 publish_after values read)
+UPDATE jobs AS j SET publish_after = NULL
+FROM unnest($1::text[], $2::timestamptz[]) AS u(id, publish_after)
+WHERE j.id = u.id AND j.publish_after = u.publish_after;
+
+-- name: claim_batch
+-- Upsert delivered jobs and claim the claimable ones, one attempt each ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 idempotency keys, $10 lease seconds, $11 worker id)
+WITH input AS (
+    SELECT *
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int2[],
+                $7::int4[], $8::float8[], $9::text[])
+         AS i(id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
+              idempotency_key)
+),
+inserted AS (
+    INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
+                      idempotency_key, status, attempt, started_at, lease_expires_at, worker_id)
+    SELECT id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
+           idempotency_key, 'running', 1, now(), now() + make_interval(secs => $10), $11
+    FROM input
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, attempt, max_attempts, timeout_seconds, checkpoint, started_at
+),
+claimed AS (
+    UPDATE jobs AS j
+    SET status = 'running', attempt = j.attempt + 1, started_at = coalesce(j.started_at, now()),
+        lease_expires_at = now() + make_interval(secs => $10), worker_id = $11,
+        publish_after = NULL, updated_at = now()
+    FROM input AS i
+    WHERE j.id = i.id
+      AND j.attempt < j.max_attempts
+      AND NOT j.cancel_requested
+      AND (j.status = 'queued'
+           OR (j.status = 'retrying' AND j.run_at <= now())
+           OR (j.status = 'running' AND j.lease_expires_at < now()))
+    RETURNING j.id, j.attempt, j.max_attempts, j.timeout_seconds, j.checkpoint, j.started_at
+),
+exhausted AS (
+    UPDATE jobs AS j
+    SET status = 'dead', dead_reason = 'max_attempts', finished_at = now(),
+        publish_after = NULL, lease_expires_at = NULL, worker_id = NULL, updated_at = now()
+    FROM input AS i
+    WHERE j.id = i.id AND j.attempt >= j.max_attempts AND j.status IN ('queued', 'retrying')
+    RETURNING j.id
+)
+SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at,
+       true AS claimed, 'running' AS status
+FROM inserted
+UNION ALL
+SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at,
+       true AS claimed, 'running' AS status
+FROM claimed
+UNION ALL
+SELECT j.id, j.attempt, j.max_attempts, j.timeout_seconds, j.checkpoint, j.started_at,
+       false AS claimed,
+       CASE WHEN j.id IN (SELECT id FROM exhausted) THEN 'dead' ELSE j.status::text END
+FROM jobs AS j
+JOIN input AS i ON i.id = j.id
+WHERE j.id NOT IN (SELECT id FROM claimed);
+
+-- name: complete_batch
+-- Write outcomes fenced by attempt; returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons)
+UPDATE jobs AS j
+SET status = u.status::job_status,
+    result = u.result,
+    error_kind = u.error_kind,
+    error_message = u.error_message,
+    dead_reason = u.dead_reason,
+    finished_at = CASE WHEN u.status = 'retrying' THEN NULL ELSE now() END,
+    run_at = CASE WHEN u.status = 'retrying' THEN now() + make_interval(secs => u.delay)
+                  ELSE j.run_at END,
+    publish_after = CASE WHEN u.status = 'retrying' THEN now() + make_interval(secs => u.delay)
+                         ELSE NULL END,
+    progress = CASE WHEN u.status = 'succeeded' THEN 1 ELSE j.progress END,
+    lease_expires_at = NULL,
+    worker_id = NULL,
+    updated_at = now()
+FROM unnest($1::text[], $2::int4[], $3::text[], $4::jsonb[], $5::text[], $6::text[],
+            $7::float8[], $8::text[])
+     AS u(id, attempt, status, result, error_kind, error_message, delay, dead_reason)
+WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
+RETURNING j.id;
+
+-- name: extend_leases
+-- Heartbeat: extend the leases of jobs still held; returns them with their cancel flag ($1 ids, $2 attempts, $3 lease seconds)
+UPDATE jobs AS j
+SET lease_expires_at = now() + make_interval(secs => $3), updated_at = now()
+FROM unnest($1::text[], $2::int4[]) AS u(id, attempt)
+WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
+RETURNING j.id, j.cancel_requested, j.cancel_reason;
+
+-- name: write_progress
+-- Record progress of held jobs, fenced by attempt ($1 ids, $2 attempts, $3 fractions or null, $4 messages or null)
+UPDATE jobs AS j
+SET progress = coalesce(u.progress, j.progress),
+    progress_message = coalesce(u.message, j.progress_message),
+    updated_at = now()
+FROM unnest($1::text[], $2::int4[], $3::float4[], $4::text[]) AS u(id, attempt, progress, message)
+WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
+RETURNING j.id;
+
+-- name: release_jobs
+-- Graceful drain: hand held jobs back as queued so they run elsewhere at once ($1 ids, $2 attempts)
+UPDATE jobs AS j
+SET status = 'queued', lease_expires_at = NULL, worker_id = NULL, updated_at = now()
+FROM unnest($1::text[], $2::int4[]) AS u(id, attempt)
+WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
+RETURNING j.id;
+
+-- name: reap_expired
+-- Make running jobs whose lease expired due again (or dead, or cancelled); one reaper per row ($1 limit)
+UPDATE jobs AS j
+SET status = CASE WHEN j.cancel_requested THEN 'cancelled'::job_status
+                  WHEN j.attempt >= j.max_attempts THEN 'dead'::job_status
+                  ELSE 'retrying'::job_status END,
+    dead_reason = CASE WHEN NOT j.cancel_requested AND j.attempt >= j.max_attempts
+                       THEN 'max_attempts' ELSE j.dead_reason END,
+    error_kind = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'lease_expired' END,
+    error_message = CASE WHEN j.cancel_requested THEN j.cancel_reason
+                         ELSE 'worker ' || coalesce(j.worker_id, '?') || ' stopped renewing its lease'
+                    END,
+    finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
+    run_at = now(),
+    publish_after = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
+                         ELSE now() END,
+    lease_expires_at = NULL,
+    worker_id = NULL,
+    updated_at = now()
+WHERE j.id IN (
+    SELECT id FROM jobs
+    WHERE status = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING j.id, j.type, j.queue, j.tenant, j.args, j.status::text AS status, j.attempt,
+          j.error_message;
+
+-- name: take_due_publishes
+-- Relay: lease up to $1 rows that are due for publishing, pushing their mark $2 seconds ahead ($1 limit, $2 retry-after seconds)
+UPDATE jobs AS j
+SET publish_after = now() + make_interval(secs => $2)
+WHERE j.id IN (
+    SELECT id FROM jobs
+    WHERE publish_after <= now() AND status IN ('queued', 'retrying')
+    ORDER BY publish_after
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING j.id, j.type, j.queue, j.tenant, j.args, j.priority, j.max_attempts,
+          j.timeout_seconds, j.idempotency_key, j.attempt, j.publish_after;
+
+-- name: clear_stale_publish_marks
+-- Drop publish marks left on rows that no longer wait (claimed or finished) ($1 limit)
+UPDATE jobs SET publish_after = NULL
+WHERE id IN (
+    SELECT id FROM jobs
+    WHERE publish_after <= now() AND status NOT IN ('queued', 'retrying')
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: request_cancel
+-- Cancel a waiting job at once, or flag a running one for its worker ($1 id, $2 reason)
+UPDATE jobs
+SET status = CASE WHEN status IN ('queued', 'retrying') THEN 'cancelled'::job_status
+                  ELSE status END,
+    finished_at = CASE WHEN status IN ('queued', 'retrying') THEN now() ELSE finished_at END,
+    error_kind = CASE WHEN status IN ('queued', 'retrying') THEN 'cancelled' ELSE error_kind END,
+    error_message = CASE WHEN status IN ('queued', 'retrying') THEN $2 ELSE error_message END,
+    publish_after = CASE WHEN status IN ('queued', 'retrying') THEN NULL ELSE publish_after END,
+    cancel_requested = true,
+    cancel_reason = $2,
+    updated_at = now()
+WHERE id = $1 AND status IN ('queued', 'retrying', 'running')
+RETURNING *;
+
+-- name: claim_once
+-- Take the at-most-once guard for a side effect, if this attempt still holds the job ($1 job id, $2 name, $3 attempt)
+WITH holder AS (
+    SELECT 1 FROM jobs WHERE id = $1 AND attempt = $3 AND status = 'running'
+),
+taken AS (
+    INSERT INTO job_once (job_id, name, attempt)
+    SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM holder)
+    ON CONFLICT (job_id, name) DO NOTHING
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM holder) AS holds, EXISTS (SELECT 1 FROM taken) AS taken;
+
+-- name: save_checkpoint
+-- Save a job's resumable state, fenced by attempt ($1 id, $2 attempt, $3 state)
+UPDATE jobs SET checkpoint = $3, updated_at = now()
+WHERE id = $1 AND attempt = $2 AND status = 'running'
+RETURNING id;
+
+-- name: list_tenant_queues
+-- Every (lane, tenant) pair that has a broker queue
+SELECT queue, tenant FROM tenant_queues ORDER BY queue, tenant;
+
+-- name: add_tenant_queue
+-- Record a provisioned (lane, tenant) queue and its tenant; true when it is new ($1 queue, $2 tenant)
+WITH tenant AS (
+    INSERT INTO tenants (name) VALUES ($2) ON CONFLICT (name) DO NOTHING
+),
+added AS (
+    INSERT INTO tenant_queues (queue, tenant) VALUES ($1, $2)
+    ON CONFLICT (queue, tenant) DO NOTHING
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM added) AS added;
+
+-- name: notify_tenant_queue
+-- Tell the fleet a (lane, tenant) queue exists ($1 channel, $2 payload "queue.tenant")
+SELECT pg_notify($1, $2);
+
+-- name: insert_rejected
+-- Keep a message that broke the contract, with its original bytes ($1 reason, $2 detail, $3 message id, $4 routing key, $5 headers, $6 body)
+INSERT INTO rejected_messages (reason, detail, message_id, routing_key, headers, body)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING id;
+
+-- name: queue_stats
+-- Per lane and tenant: counts by status and the oldest waiting job's age in seconds
+SELECT queue, tenant,
+       count(*) FILTER (WHERE status = 'queued') AS queued,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'retrying') AS retrying,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       coalesce(extract(epoch FROM now() - min(created_at)
+                        FILTER (WHERE status IN ('queued', 'retrying'))), 0)::float8
+           AS oldest_waiting_seconds
+FROM jobs
+WHERE status IN ('queued', 'running', 'retrying', 'dead', 'failed')
+GROUP BY queue, tenant
+ORDER BY queue, tenant;
+
+-- name: schema_version
+-- The latest applied migration's version, or null
+SELECT max(version) FROM schema_migrations;

@@ -1,0 +1,449 @@
+"""``JobStore``: the only code that talks to PostgreSQL.
+
+One method per named query in ``sql/queries.sql``. Per-job writes that happen
+at high rate (claims, completions) go through group commit. Driver errors are
+translated here, once: connection trouble becomes ``DatabaseUnavailable``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+import asyncpg
+
+from coldbrew.batching import GroupCommit
+from coldbrew.errors import DatabaseUnavailable, JobNotFound, SchemaOutOfDate, StaleWrite
+from coldbrew.model import JobRecord
+from coldbrew.settings import mask_url
+from coldbrew.sql import LATEST_VERSION, QUERIES
+
+T = TypeVar("T")
+
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    TimeoutError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """A delivered job to upsert and claim."""
+
+    id: str
+    type: str
+    queue: str
+    tenant: str
+    args: dict[str, Any]
+    priority: int
+    max_attempts: int
+    timeout: float | None
+    idempotency_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """What a claim found: ``claimed`` with our attempt number, or the row's status."""
+
+    id: str
+    claimed: bool
+    status: str
+    attempt: int
+    max_attempts: int
+    timeout: float | None
+    checkpoint: Any
+    started_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A fenced final (or retrying) write for one attempt."""
+
+    id: str
+    attempt: int
+    status: str
+    result: Any = None
+    error_kind: str | None = None
+    error_message: str | None = None
+    delay: float = 0.0
+    dead_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DuePublish:
+    """A row the relay must (re)publish."""
+
+    id: str
+    type: str
+    queue: str
+    tenant: str
+    args: dict[str, Any]
+    priority: int
+    max_attempts: int
+    timeout: float | None
+    idempotency_key: str | None
+    attempt: int
+    publish_after: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    queue: str
+    tenant: str
+    queued: int
+    running: int
+    retrying: int
+    dead: int
+    failed: int
+    oldest_waiting_seconds: float
+
+
+class RawJSON(str):
+    """Text that is already JSON: written to a jsonb column as is, not encoded again."""
+
+    __slots__ = ()
+
+
+def _encode_json(value: Any) -> str:
+    return value if type(value) is RawJSON else json.dumps(value)
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec(
+        "jsonb", encoder=_encode_json, decoder=json.loads, schema="pg_catalog"
+    )
+
+
+def connection_settings(namespace: str) -> dict[str, str]:
+    """Server settings for every connection: the namespace is the schema searched."""
+    return {"search_path": namespace, "application_name": f"coldbrew:{namespace}"}
+
+
+class JobStore:
+    """Job rows, leases, tenants and rejected messages, on one asyncpg pool."""
+
+    def __init__(self, pool: asyncpg.Pool, dsn: str, namespace: str) -> None:
+        self._pool = pool
+        self._dsn = dsn
+        self.namespace = namespace
+        self.claims: GroupCommit[ClaimRequest, ClaimResult] = GroupCommit(
+            "claim", self._claim_batch
+        )
+        self.completions: GroupCommit[Outcome, bool] = GroupCommit(
+            "complete", self._complete_batch
+        )
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, dsn: str, namespace: str, *, pool_size: int = 10) -> AsyncIterator[JobStore]:
+        """Open a pool (failing fast with ``DatabaseUnavailable``) and close it on exit."""
+        try:
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=1,
+                max_size=pool_size,
+                server_settings=connection_settings(namespace),
+                init=_init_connection,
+                timeout=10,
+                command_timeout=60,
+            )
+        except CONNECTION_ERRORS as exc:
+            raise DatabaseUnavailable(
+                f"cannot connect to PostgreSQL at {mask_url(dsn)}: {exc}"
+            ) from exc
+        except asyncpg.InvalidCatalogNameError as exc:
+            raise DatabaseUnavailable(
+                f"database of {mask_url(dsn)} does not exist: run `coldbrew migrate`"
+            ) from exc
+        store = cls(pool, dsn, namespace)
+        try:
+            yield store
+        finally:
+            await store.claims.close()
+            await store.completions.close()
+            await pool.close()
+
+    async def _run(self, op: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        try:
+            async with self._pool.acquire() as conn:
+                return await op(conn)
+        except CONNECTION_ERRORS as exc:
+            raise DatabaseUnavailable(f"PostgreSQL at {mask_url(self._dsn)}: {exc}") from exc
+
+    async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        query = QUERIES[name].text
+        return await self._run(lambda conn: conn.fetch(query, *args))
+
+    async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
+        query = QUERIES[name].text
+        return await self._run(lambda conn: conn.fetchrow(query, *args))
+
+    async def _fetchval(self, name: str, *args: Any) -> Any:
+        query = QUERIES[name].text
+        return await self._run(lambda conn: conn.fetchval(query, *args))
+
+    async def _execute(self, name: str, *args: Any) -> str:
+        query = QUERIES[name].text
+        return await self._run(lambda conn: conn.execute(query, *args))
+
+    # --- schema -------------------------------------------------------------
+
+    async def check_schema(self) -> None:
+        """Refuse to run on a schema that is missing or not at this release's version."""
+        try:
+            version = await self._fetchval("schema_version")
+        except asyncpg.UndefinedTableError:
+            version = None
+        if version != LATEST_VERSION:
+            found = "missing" if version is None else f"at version {version}"
+            raise SchemaOutOfDate(
+                f"schema {self.namespace!r} is {found}; this coldbrew needs version "
+                f"{LATEST_VERSION}: run `coldbrew migrate`"
+            )
+
+    async def ping(self) -> None:
+        await self._run(lambda conn: conn.fetchval("SELECT 1"))
+
+    # --- submissions and reads ---------------------------------------------
+
+    async def insert_job(
+        self, request: ClaimRequest, *, relay_grace: float
+    ) -> tuple[JobRecord, bool]:
+        """Insert a queued, unpublished job; return it and whether it is new."""
+        row = await self._fetchrow(
+            "insert_job",
+            request.id,
+            request.type,
+            request.queue,
+            request.tenant,
+            request.args,
+            request.priority,
+            request.max_attempts,
+            request.timeout,
+            request.idempotency_key,
+            relay_grace,
+        )
+        if row is not None:
+            return JobRecord.from_row(row), True
+        return await self.get_job(request.id), False
+
+    async def get_job(self, job_id: str) -> JobRecord:
+        row = await self._fetchrow("get_job", job_id)
+        if row is None:
+            raise JobNotFound(job_id)
+        return JobRecord.from_row(row)
+
+    async def get_publish_mark(self, job_id: str) -> datetime | None:
+        row = await self._fetchrow("get_job", job_id)
+        return None if row is None else row["publish_after"]
+
+    async def mark_published(self, marks: Sequence[tuple[str, datetime]]) -> None:
+        if marks:
+            await self._execute(
+                "mark_published", [m[0] for m in marks], [m[1] for m in marks]
+            )
+
+    # --- the hot path: claims and completions (group commit) --------------
+
+    async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        rows = await self._fetch(
+            "claim_batch",
+            [r.id for r in requests],
+            [r.type for r in requests],
+            [r.queue for r in requests],
+            [r.tenant for r in requests],
+            [r.args for r in requests],
+            [r.priority for r in requests],
+            [r.max_attempts for r in requests],
+            [r.timeout for r in requests],
+            [r.idempotency_key for r in requests],
+            self.lease_seconds,
+            self.worker_id,
+        )
+        found = {
+            row["id"]: ClaimResult(
+                id=row["id"],
+                claimed=row["claimed"],
+                status=row["status"],
+                attempt=row["attempt"],
+                max_attempts=row["max_attempts"],
+                timeout=row["timeout_seconds"],
+                checkpoint=row["checkpoint"],
+                started_at=row["started_at"],
+            )
+            for row in rows
+        }
+        return [found.get(r.id) or _vanished(r.id) for r in requests]
+
+    async def _complete_batch(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        rows = await self._fetch(
+            "complete_batch",
+            [o.id for o in outcomes],
+            [o.attempt for o in outcomes],
+            [o.status for o in outcomes],
+            [o.result for o in outcomes],
+            [o.error_kind for o in outcomes],
+            [o.error_message for o in outcomes],
+            [o.delay for o in outcomes],
+            [o.dead_reason for o in outcomes],
+        )
+        written = {row["id"] for row in rows}
+        return [o.id in written for o in outcomes]
+
+    lease_seconds: float = 30.0
+    worker_id: str = "unknown"
+
+    def configure_claims(self, *, lease_seconds: float, worker_id: str) -> None:
+        """Set the lease and owner that claims made through this store carry."""
+        self.lease_seconds = lease_seconds
+        self.worker_id = worker_id
+
+    async def claim(self, request: ClaimRequest) -> ClaimResult:
+        return await self.claims.submit(request)
+
+    async def complete(self, outcome: Outcome) -> bool:
+        """Write an attempt's outcome; False when it was fenced (the row moved on)."""
+        return await self.completions.submit(outcome)
+
+    # --- leases ------------------------------------------------------------
+
+    async def extend_leases(
+        self, held: Sequence[tuple[str, int]], lease_seconds: float
+    ) -> dict[str, str | None]:
+        """Extend leases; return the jobs still held, each with its cancel reason (or None)."""
+        if not held:
+            return {}
+        rows = await self._fetch(
+            "extend_leases", [h[0] for h in held], [h[1] for h in held], lease_seconds
+        )
+        return {
+            row["id"]: (row["cancel_reason"] or "cancelled") if row["cancel_requested"] else None
+            for row in rows
+        }
+
+    async def write_progress(
+        self, updates: Sequence[tuple[str, int, float | None, str | None]]
+    ) -> set[str]:
+        if not updates:
+            return set()
+        rows = await self._fetch(
+            "write_progress",
+            [u[0] for u in updates],
+            [u[1] for u in updates],
+            [u[2] for u in updates],
+            [u[3] for u in updates],
+        )
+        return {row["id"] for row in rows}
+
+    async def release(self, held: Sequence[tuple[str, int]]) -> set[str]:
+        if not held:
+            return set()
+        rows = await self._fetch("release_jobs", [h[0] for h in held], [h[1] for h in held])
+        return {row["id"] for row in rows}
+
+    async def reap_expired(self, limit: int = 500) -> list[asyncpg.Record]:
+        return await self._fetch("reap_expired", limit)
+
+    async def take_due_publishes(self, limit: int, retry_after: float) -> list[DuePublish]:
+        await self._execute("clear_stale_publish_marks", limit)
+        rows = await self._fetch("take_due_publishes", limit, retry_after)
+        return [
+            DuePublish(
+                id=row["id"],
+                type=row["type"],
+                queue=row["queue"],
+                tenant=row["tenant"],
+                args=row["args"],
+                priority=row["priority"],
+                max_attempts=row["max_attempts"],
+                timeout=row["timeout_seconds"],
+                idempotency_key=row["idempotency_key"],
+                attempt=row["attempt"],
+                publish_after=row["publish_after"],
+            )
+            for row in rows
+        ]
+
+    # --- job-side writes (fenced) -----------------------------------------
+
+    async def request_cancel(self, job_id: str, reason: str) -> JobRecord:
+        row = await self._fetchrow("request_cancel", job_id, reason)
+        if row is None:
+            return await self.get_job(job_id)  # raises JobNotFound, or shows the final status
+        return JobRecord.from_row(row)
+
+    async def claim_once(self, job_id: str, name: str, attempt: int) -> bool:
+        row = await self._fetchrow("claim_once", job_id, name, attempt)
+        if row is None or not row["holds"]:
+            raise StaleWrite(f"job {job_id} attempt {attempt} no longer holds its claim")
+        return bool(row["taken"])
+
+    async def save_checkpoint(self, job_id: str, attempt: int, state: Any) -> None:
+        if await self._fetchval("save_checkpoint", job_id, attempt, state) is None:
+            raise StaleWrite(f"job {job_id} attempt {attempt} no longer holds its claim")
+
+    # --- tenants and rejected messages -------------------------------------
+
+    async def list_tenant_queues(self) -> list[tuple[str, str]]:
+        return [(row["queue"], row["tenant"]) for row in await self._fetch("list_tenant_queues")]
+
+    async def add_tenant_queue(self, queue: str, tenant: str, channel: str) -> bool:
+        """Record a provisioned queue and NOTIFY the fleet, in one transaction."""
+
+        async def op(conn: asyncpg.Connection) -> bool:
+            async with conn.transaction():
+                added = bool(await conn.fetchval(QUERIES["add_tenant_queue"].text, queue, tenant))
+                await conn.execute(
+                    QUERIES["notify_tenant_queue"].text, channel, f"{queue}.{tenant}"
+                )
+                return added
+
+        return await self._run(op)
+
+    async def insert_rejected(
+        self,
+        rows: Sequence[tuple[str, str, str | None, str, dict[str, Any] | None, bytes]],
+    ) -> None:
+        query = QUERIES["insert_rejected"].text
+        await self._run(lambda conn: conn.executemany(query, rows))
+
+    async def queue_stats(self) -> list[QueueStats]:
+        return [QueueStats(**dict(row)) for row in await self._fetch("queue_stats")]
+
+    # --- LISTEN ---------------------------------------------------------------
+
+    @asynccontextmanager
+    async def listen(
+        self, channel: str, callback: Callable[[str], None]
+    ) -> AsyncIterator[asyncpg.Connection]:
+        """A dedicated connection LISTENing on ``channel`` (a pooled one would lose it)."""
+        try:
+            conn = await asyncpg.connect(
+                self._dsn, server_settings=connection_settings(self.namespace), timeout=10
+            )
+        except CONNECTION_ERRORS as exc:
+            raise DatabaseUnavailable(f"PostgreSQL at {mask_url(self._dsn)}: {exc}") from exc
+
+        def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+            callback(payload)
+
+        try:
+            await conn.add_listener(channel, on_notify)
+            yield conn
+        finally:
+            if not conn.is_closed():
+                await conn.close(timeout=5)
+
+
+def _vanished(job_id: str) -> ClaimResult:
+    """A claim that found no row at all: another worker's insert is still in flight."""
+    return ClaimResult(job_id, False, "unknown", 0, 0, None, None, None)

@@ -1,0 +1,125 @@
+"""Tenant queues: provisioned on first use, announced to the fleet.
+
+A job for a (lane, tenant) pair with no queue yet is unroutable on the jobs
+exchange, so its alternate exchange drops it into ``<ns>.unrouted``. Any
+worker takes it from there: declares and binds the queue, records the pair in
+PostgreSQL with a NOTIFY in the same transaction, and republishes the message,
+which now routes. Every worker LISTENs and also re-reads the table
+periodically, because NOTIFY is a hint that is lost while disconnected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aio_pika.abc import AbstractIncomingMessage
+
+from coldbrew.broker import Broker, settle
+from coldbrew.errors import BrokerUnavailable, ContractViolation, DatabaseUnavailable
+from coldbrew.metrics import Metrics
+from coldbrew.model import split_routing_key
+from coldbrew.store import JobStore
+from coldbrew.topology import Topology
+
+log = structlog.get_logger("coldbrew.tenants")
+
+OnQueue = Callable[[str, str], Awaitable[None]]
+OnReject = Callable[[AbstractIncomingMessage, ContractViolation], None]
+
+
+class TenantQueues:
+    """Provisions tenant queues and keeps this worker consuming every one of its lanes."""
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        broker: Broker,
+        topology: Topology,
+        metrics: Metrics,
+        on_queue: OnQueue,
+        on_reject: OnReject,
+    ) -> None:
+        self.store = store
+        self.broker = broker
+        self.topology = topology
+        self.metrics = metrics
+        self._on_queue = on_queue
+        self._on_reject = on_reject
+        self._hinted: asyncio.Queue[str] = asyncio.Queue()
+
+    async def ensure(self, queue: str, tenant: str) -> None:
+        """Declare, record and announce one (lane, tenant) queue (idempotent)."""
+        await self.broker.declare_job_queue(queue, tenant)
+        if await self.store.add_tenant_queue(queue, tenant, self.topology.tenant_channel):
+            self.metrics.tenants_provisioned.inc()
+            log.info("tenant_queue_provisioned", queue=queue, tenant=tenant)
+        await self._on_queue(queue, tenant)
+
+    async def on_unrouted(self, message: AbstractIncomingMessage) -> None:
+        """Consumer of ``<ns>.unrouted``: provision the queue, then republish the message."""
+        try:
+            queue, tenant = split_routing_key(message.routing_key or "")
+        except ContractViolation as violation:
+            self._on_reject(message, violation)
+            return
+        try:
+            await self.ensure(queue, tenant)
+            await self.broker.republish(message)
+        except (BrokerUnavailable, DatabaseUnavailable) as exc:
+            log.warning("provision_failed", queue=queue, tenant=tenant, error=str(exc))
+            await asyncio.sleep(1.0)
+            await settle(message, requeue=True)
+            return
+        await settle(message)
+
+    async def sync(self) -> int:
+        """Consume every recorded queue of our lanes (the periodic resync)."""
+        pairs = await self.store.list_tenant_queues()
+        for queue, tenant in pairs:
+            await self._on_queue(queue, tenant)
+        return 0
+
+    async def watch(self, stop: asyncio.Event, resync_seconds: float) -> None:
+        """LISTEN for new queues; resync on every (re)connect and every ``resync_seconds``."""
+        while not stop.is_set():
+            try:
+                listening = self.store.listen(self.topology.tenant_channel, self._hinted.put_nowait)
+                async with listening as conn:
+                    await self.sync()
+                    await self._follow(stop, resync_seconds, conn.is_closed)
+            except (DatabaseUnavailable, BrokerUnavailable, OSError) as exc:
+                log.warning("tenant_watch_interrupted", error=str(exc))
+                await _wait(stop, min(resync_seconds, 5.0))
+
+    async def _follow(
+        self, stop: asyncio.Event, resync_seconds: float, closed: Callable[[], bool]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        next_sync = loop.time() + resync_seconds
+        while not stop.is_set():
+            if closed():
+                raise DatabaseUnavailable("the LISTEN connection closed")
+            timeout = max(0.0, next_sync - loop.time())
+            try:
+                payload = await asyncio.wait_for(self._hinted.get(), timeout=min(timeout, 1.0))
+            except TimeoutError:
+                if loop.time() >= next_sync:
+                    await self.sync()
+                    next_sync = loop.time() + resync_seconds
+                continue
+            try:
+                queue, tenant = split_routing_key(payload)
+            except ContractViolation:
+                log.warning("tenant_notify_ignored", payload=payload[:200])
+                continue
+            await self._on_queue(queue, tenant)
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass

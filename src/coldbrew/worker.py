@@ -1,0 +1,428 @@
+"""``Worker``: the daemon's lifecycle around the job runner.
+
+One lifespan (an ``AsyncExitStack``) opens the store, the broker, the process
+pool and the metrics server, and closes them in reverse even when start-up
+fails halfway. Background loops run in one ``TaskGroup``: a crash in any of
+them is fatal and never silent. SIGTERM (``stop()``) stops consuming at once,
+lets in-flight jobs finish within the grace time, then releases the rest so
+they run again elsewhere immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import AsyncExitStack
+from typing import Any
+
+import structlog
+from aio_pika.abc import AbstractIncomingMessage
+from prometheus_client import CollectorRegistry
+
+from coldbrew.app import App
+from coldbrew.broker import Broker, settle
+from coldbrew.errors import (
+    BrokerUnavailable,
+    ContractViolation,
+    DatabaseUnavailable,
+    UnknownJobType,
+)
+from coldbrew.jobstate import Delivery, InFlight
+from coldbrew.metrics import Metrics, MetricsServer
+from coldbrew.model import parse_envelope
+from coldbrew.procpool import ProcessPool
+from coldbrew.relay import Relay, run_periodically
+from coldbrew.runner import JobRunner
+from coldbrew.scheduler import FairScheduler, Pending
+from coldbrew.settings import Settings
+from coldbrew.store import JobStore
+from coldbrew.tenants import TenantQueues
+from coldbrew.topology import Topology
+
+log = structlog.get_logger("coldbrew.worker")
+
+Reject = tuple[AbstractIncomingMessage, ContractViolation]
+
+
+class Worker:
+    """Runs the jobs of one ``App`` until ``stop()``."""
+
+    def __init__(
+        self, app: App, settings: Settings, *, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        self.topology = Topology(settings.namespace)
+        self.lanes = settings.queues or app.queues
+        self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
+        self.inflight = InFlight()
+        self.scheduler: FairScheduler[Delivery] = FairScheduler(
+            aging_seconds=settings.aging_seconds
+        )
+        self.ready = asyncio.Event()
+        self.metrics_port: int | None = None
+        self._stop = asyncio.Event()
+        self._loops_stop = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+        self._db_ok = True
+        self._running = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._rejects: asyncio.Queue[Reject] = asyncio.Queue()
+        self._consumed: set[tuple[str, str]] = set()
+        self._fatal: BaseException | None = None
+        self._store: JobStore | None = None
+        self._broker: Broker | None = None
+        self._runner: JobRunner | None = None
+
+    # --- control ------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Begin a graceful drain; safe to call from any thread or a signal handler."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._stop.set()
+        else:
+            loop.call_soon_threadsafe(self._stop.set)
+
+    async def run(self) -> None:
+        """Start, serve until ``stop()``, drain, and close everything that was opened."""
+        self._loop = asyncio.get_running_loop()
+        async with AsyncExitStack() as stack:
+            await self._start(stack)
+            try:
+                async with asyncio.TaskGroup() as group:
+                    self._start_loops(group)
+                    await self._consume_all()
+                    self.ready.set()
+                    log.info(
+                        "worker_ready", worker_id=self.settings.worker_id, lanes=self.lanes,
+                        concurrency=self.settings.concurrency,
+                        processes=self.settings.processes if self.app.needs_process_pool else 0,
+                    )
+                    await self._stop.wait()
+                    await self._drain()
+                    self._loops_stop.set()
+            finally:
+                self.ready.clear()
+        if self._fatal is not None:
+            raise self._fatal
+        log.info("worker_stopped", worker_id=self.settings.worker_id)
+
+    async def _start(self, stack: AsyncExitStack) -> None:
+        settings = self.settings
+        store = await stack.enter_async_context(
+            JobStore.open(settings.database_url, settings.namespace, pool_size=settings.db_pool_size)
+        )
+        await store.check_schema()
+        store.configure_claims(lease_seconds=settings.lease_seconds, worker_id=settings.worker_id)
+        broker = Broker(
+            settings.amqp_url, self.topology, name=f"coldbrew-worker:{settings.worker_id}"
+        )
+        await broker.connect(prefetch=settings.effective_prefetch)
+        stack.push_async_callback(broker.close)
+        pool = None
+        if self.app.needs_process_pool and settings.processes > 0:
+            if self.app.ref is None:
+                raise UnknownJobType("process-pool jobs need an app loaded by reference (MODULE:APP)")
+            pool = ProcessPool(settings.processes, self.app.ref)
+            await pool.start()
+            stack.push_async_callback(pool.close, settings.shutdown_grace_seconds)
+        server = MetricsServer(  # port 0 picks a free port (tests, several workers per host)
+            settings.metrics_host, settings.metrics_port, self.metrics.registry,
+            is_healthy=self._health, is_ready=self._readiness,
+        )
+        await stack.enter_async_context(server)
+        self.metrics_port = server.port
+        self._store, self._broker = store, broker
+        self._runner = JobRunner(
+            settings=settings, store=store, broker=broker, pool=pool, metrics=self.metrics,
+            inflight=self.inflight, is_stopping=lambda: self._closing,
+            on_db_health=self._set_db_ok,
+        )
+        self._tenants = TenantQueues(
+            store=store, broker=broker, topology=self.topology, metrics=self.metrics,
+            on_queue=self._consume_tenant, on_reject=self._reject,
+        )
+
+    def _start_loops(self, group: asyncio.TaskGroup) -> None:
+        assert self._store is not None and self._broker is not None  # noqa: S101 - set by _start
+        relay = Relay(self._store, self._broker, self.metrics)
+        stop = self._loops_stop
+        settings = self.settings
+        group.create_task(
+            run_periodically("relay", relay.publish_due, interval=settings.relay_interval_seconds,
+                             stop=stop, full_batch=relay.batch), name="relay")
+        group.create_task(
+            run_periodically("reaper", relay.reap_expired,
+                             interval=settings.reaper_interval_seconds, stop=stop, full_batch=500),
+            name="reaper")
+        group.create_task(self._heartbeat_loop(), name="heartbeat")
+        group.create_task(self._reject_loop(), name="dead-letters")
+        group.create_task(self._health_loop(), name="db-health")
+        group.create_task(
+            self._tenants.watch(stop, settings.tenant_resync_seconds), name="tenant-watch"
+        )
+
+    async def _consume_all(self) -> None:
+        assert self._broker is not None  # noqa: S101 - set by _start
+        for lane in self.lanes:
+            await self._tenants.ensure(lane, "default")
+        await self._tenants.sync()
+        await self._broker.consume(
+            self.topology.unrouted_queue, self.topology.unrouted_queue_arguments(),
+            self._tenants.on_unrouted,
+        )
+
+    async def _consume_tenant(self, queue: str, tenant: str) -> None:
+        """Consume one (lane, tenant) queue if it is one of our lanes (idempotent)."""
+        if queue not in self.lanes or (queue, tenant) in self._consumed or self._closing:
+            return
+        assert self._broker is not None  # noqa: S101 - set by _start
+        self._consumed.add((queue, tenant))
+        try:
+            await self._broker.consume(
+                self.topology.job_queue(queue, tenant), self.topology.job_queue_arguments(),
+                self._on_message,
+            )
+        except BaseException:
+            self._consumed.discard((queue, tenant))
+            raise
+        log.info("consuming", queue=queue, tenant=tenant)
+
+    # --- intake and dispatch -------------------------------------------------------
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        """Consumer callback: check the contract, then hold the delivery for a job slot."""
+        if self._closing:
+            await settle(message, requeue=True)
+            return
+        try:
+            delivery = self._parse(message)
+        except ContractViolation as violation:
+            self._reject(message, violation)
+            return
+        env = delivery.envelope
+        if env.priority_clamped:
+            self.metrics.priority_clamped.inc()
+        if message.redelivered:
+            self.metrics.redeliveries.labels("broker_flag").inc()
+        self.scheduler.push(Pending(env.tenant, env.priority, time.monotonic(), delivery))
+        self._dispatch()
+
+    def _parse(self, message: AbstractIncomingMessage) -> Delivery:
+        envelope = parse_envelope(
+            message.body,
+            routing_key=message.routing_key or "",
+            message_id=message.message_id,
+            headers=message.headers,
+            priority=message.priority,
+            max_body_bytes=self.settings.max_body_bytes,
+        )
+        try:
+            spec = self.app.get(envelope.type)
+        except UnknownJobType as exc:
+            raise ContractViolation("unknown_type", str(exc)) from None
+        return Delivery(message, envelope, spec, spec.validate_args(envelope.args))
+
+    def _dispatch(self) -> None:
+        """Start jobs while there are free slots and held deliveries."""
+        limit = self.settings.concurrency
+        while self._running < limit and not self._closing:
+            pending = self.scheduler.pop(time.monotonic())
+            if pending is None:
+                return
+            self._running += 1
+            assert self._runner is not None  # noqa: S101 - set by _start
+            task = asyncio.create_task(self._runner.process(pending.payload))
+            self._tasks.add(task)
+            task.add_done_callback(self._job_done)
+
+    def _job_done(self, task: asyncio.Task[None]) -> None:
+        self._running -= 1
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("job_task_crashed", error=repr(exc), exc_info=exc)
+            self._fatal = exc
+            self.stop()
+        self._dispatch()
+
+    # --- dead letters for contract violations -----------------------------------
+
+    def _reject(self, message: AbstractIncomingMessage, violation: ContractViolation) -> None:
+        self._rejects.put_nowait((message, violation))
+
+    async def _reject_loop(self) -> None:
+        """Store rejected messages with their bytes, copy them to ``<ns>.dead``, then ack."""
+        while not self._loops_stop.is_set():
+            try:
+                first = await asyncio.wait_for(self._rejects.get(), timeout=0.5)
+            except TimeoutError:
+                continue
+            batch = [first]
+            while len(batch) < 200 and not self._rejects.empty():
+                batch.append(self._rejects.get_nowait())
+            await self._dead_letter(batch)
+        while not self._rejects.empty():
+            message, _ = self._rejects.get_nowait()
+            await settle(message, requeue=True)
+
+    async def _dead_letter(self, batch: list[Reject]) -> None:
+        assert self._store is not None and self._broker is not None  # noqa: S101
+        rows = [
+            (v.reason, v.detail, m.message_id, m.routing_key or "", _json_headers(m.headers), m.body)
+            for m, v in batch
+        ]
+        delay = 0.2
+        while True:
+            try:
+                await self._store.insert_rejected(rows)
+                for message, violation in batch:
+                    await self._broker.publish_dead(
+                        message.body, reason=violation.reason, detail=violation.detail,
+                        headers=message.headers or {}, message_id=message.message_id,
+                        original_routing_key=message.routing_key or "",
+                    )
+                break
+            except (DatabaseUnavailable, BrokerUnavailable) as exc:
+                if self._loops_stop.is_set():
+                    return
+                log.warning("dead_letter_delayed", error=str(exc), retry_in=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        for message, violation in batch:
+            self.metrics.dead_letters.labels(violation.reason).inc()
+            log.warning(
+                "message_rejected", reason=violation.reason, detail=violation.detail[:300],
+                message_id=message.message_id, routing_key=message.routing_key,
+            )
+            await settle(message)
+
+    # --- leases, progress and health -------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        """Flush progress every tick; extend all leases in one UPDATE every heartbeat."""
+        settings = self.settings
+        loop = asyncio.get_running_loop()
+        tick = min(settings.progress_flush_seconds, settings.heartbeat_seconds)
+        next_beat = loop.time() + settings.heartbeat_seconds
+        while not self._loops_stop.is_set():
+            await _sleep_unless(self._loops_stop, tick)
+            try:
+                await self._flush_progress()
+                now = loop.time()
+                if now >= next_beat:
+                    self.metrics.heartbeat_lag.set(now - next_beat)
+                    next_beat = now + settings.heartbeat_seconds
+                    await self._extend_leases()
+            except DatabaseUnavailable as exc:
+                self._set_db_ok(False)
+                log.warning("heartbeat_failed", error=str(exc))
+
+    async def _flush_progress(self) -> None:
+        assert self._store is not None  # noqa: S101
+        updates = self.inflight.take_progress()
+        if updates:
+            await self._store.write_progress(updates)
+
+    async def _extend_leases(self) -> None:
+        assert self._store is not None and self._runner is not None  # noqa: S101
+        held = self.inflight.held()
+        if not held:
+            return
+        alive = await self._store.extend_leases(held, self.settings.lease_seconds)
+        self.metrics.lease_extensions.inc(len(alive))
+        for job_id, attempt in held:
+            state = self.inflight.get(job_id)
+            if state is None or state.attempt != attempt:
+                continue  # finished while the heartbeat was in flight
+            if job_id not in alive:
+                self.metrics.leases_lost.inc()
+                log.warning("lease_lost", job_id=job_id, attempt=attempt)
+                self._runner.stop(state, "fenced")
+            elif (reason := alive[job_id]) is not None:
+                log.info("job_cancel_requested", job_id=job_id, reason=reason)
+                self._runner.stop(state, f"cancelled: {reason}")
+
+    async def _health_loop(self) -> None:
+        assert self._store is not None  # noqa: S101
+        while not self._loops_stop.is_set():
+            try:
+                await self._store.ping()
+                self._set_db_ok(True)
+            except DatabaseUnavailable:
+                self._set_db_ok(False)
+            await _sleep_unless(self._loops_stop, 5.0)
+
+    def _set_db_ok(self, ok: bool) -> None:
+        if ok != self._db_ok:
+            log.info("database_health", ok=ok)
+        self._db_ok = ok
+
+    def _health(self) -> tuple[bool, str]:
+        if self._fatal is not None:
+            return False, f"fatal: {self._fatal!r}"
+        return True, "ok"
+
+    def _readiness(self) -> tuple[bool, str]:
+        if self._closing:
+            return False, "draining"
+        if not self.ready.is_set():
+            return False, "starting"
+        if self._broker is None or not self._broker.connected:
+            return False, "RabbitMQ connection lost; reconnecting"
+        if not self._db_ok:
+            return False, "PostgreSQL unreachable"
+        return True, "ok"
+
+    # --- drain --------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Stop consuming, finish or release in-flight jobs, requeue held deliveries."""
+        assert self._broker is not None and self._runner is not None  # noqa: S101
+        self._closing = True
+        self.ready.clear()
+        log.info("worker_draining", in_flight=len(self._tasks), held=len(self.scheduler))
+        await self._broker.cancel_consumers()
+        for pending in self.scheduler.drain():
+            await settle(pending.payload.message, requeue=True)
+        grace = self.settings.shutdown_grace_seconds
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=grace)
+        if self._tasks:
+            log.info("releasing_jobs", count=len(self.inflight))
+            for state in self.inflight.states():
+                self._runner.stop(state, "released")
+            await asyncio.wait(set(self._tasks), timeout=15.0)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=5.0)
+
+
+def _json_headers(headers: Any) -> dict[str, Any] | None:
+    """Headers as JSON-safe values (bytes decoded, dates as text) for the rejected table."""
+    if not headers:
+        return None
+    safe: dict[str, Any] = {}
+    for key, value in dict(headers).items():
+        if isinstance(value, bytes):
+            safe[key] = value.decode("utf-8", "replace")
+        elif isinstance(value, str | int | float | bool) or value is None:
+            safe[key] = value
+        else:
+            safe[key] = repr(value)
+    return safe
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass
