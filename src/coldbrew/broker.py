@@ -121,6 +121,7 @@ class Broker:
         self._jobs_exchange: AbstractRobustExchange | None = None
         self._dead_exchange: AbstractRobustExchange | None = None
         self._consumers: dict[str, tuple[AbstractRobustQueue, str]] = {}
+        self._closing = False
 
     async def connect(self, *, prefetch: int = 0) -> None:
         """Connect once (fail fast), open channels and declare the fixed topology."""
@@ -144,6 +145,7 @@ class Broker:
 
     async def close(self) -> None:
         if self._connection is not None:
+            self._closing = True
             await self._connection.close()
             self._connection = None
 
@@ -155,7 +157,7 @@ class Broker:
         log.info("broker_reconnected", url=mask_url(self.url))
 
     def _on_close(self, _conn: Any, exc: BaseException | None = None) -> None:
-        if exc is not None:
+        if exc is not None and not self._closing:
             log.warning("broker_connection_lost", url=mask_url(self.url), error=str(exc))
 
     def _channel(self, consume: bool = False) -> AbstractRobustChannel:

@@ -551,6 +551,11 @@ class ProcessPool:
         return len(self.pids)
 
     @property
+    def closed(self) -> bool:
+        """True once ``close()`` has begun (or a start failed): ``run()`` is refused."""
+        return self._state in ("closing", "closed")
+
+    @property
     def pids(self) -> list[int]:
         """Process ids of the children counted by ``alive``."""
         return [child.pid for child in self._children if child.ready and not child.doomed]

@@ -9,6 +9,7 @@ acked as a duplicate and not run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -153,16 +154,17 @@ class JobRunner:
     async def _run_coroutine(self, state: JobState, ctx: Context, timeout: float | None) -> Any:
         if state.stop_reason is not None:
             raise JobCancelled(state.stop_reason)
-        async with asyncio.timeout(timeout) as scope:
-            state.scope = scope
-            try:
+        scope = asyncio.timeout(timeout)
+        state.scope = scope
+        try:
+            async with scope:
                 return await state.delivery.spec.func(ctx, **state.delivery.args)
-            except TimeoutError:
-                if state.stop_reason is not None:
-                    raise JobCancelled(state.stop_reason) from None
-                if scope.expired():
-                    raise JobTimeout(f"job ran past its timeout of {timeout:g} s") from None
-                raise
+        except TimeoutError:
+            if state.stop_reason is not None:
+                raise JobCancelled(state.stop_reason) from None
+            if scope.expired():
+                raise JobTimeout(f"job ran past its timeout of {timeout:g} s") from None
+            raise
 
     async def _run_in_pool(
         self, state: JobState, ctx: Context, claim: ClaimResult, timeout: float | None
@@ -189,7 +191,10 @@ class JobRunner:
         if state.in_process and self.pool is not None:
             self.pool.cancel(state.id)
         elif state.scope is not None:
-            state.scope.reschedule(asyncio.get_running_loop().time())
+            try:
+                state.scope.reschedule(asyncio.get_running_loop().time())
+            except RuntimeError:  # the scope already exited: the job is finishing anyway
+                pass
 
     def _stopped(self, state: JobState) -> Outcome | str:
         reason = state.stop_reason or "cancelled"
@@ -254,6 +259,11 @@ class JobRunner:
             await settle(delivery.message, requeue=True)
             return
         assert isinstance(outcome, Outcome)  # noqa: S101 - narrowed by the two returns above
+        if state.progress is not None:  # reported after the last flush: write it with the outcome
+            outcome = dataclasses.replace(
+                outcome, progress=state.progress[0], progress_message=state.progress[1]
+            )
+            state.progress = None
         written = await asyncio.shield(
             self._until_db_ok(lambda: self.store.complete(outcome), give_up_on_stop=False)
         )

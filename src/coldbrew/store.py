@@ -76,6 +76,8 @@ class Outcome:
     error_message: str | None = None
     delay: float = 0.0
     dead_reason: str | None = None
+    progress: float | None = None
+    progress_message: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +297,8 @@ class JobStore:
             [o.error_message for o in outcomes],
             [o.delay for o in outcomes],
             [o.dead_reason for o in outcomes],
+            [o.progress for o in outcomes],
+            [o.progress_message for o in outcomes],
         )
         written = {row["id"] for row in rows}
         return [o.id in written for o in outcomes]

@@ -23,6 +23,7 @@ from coldbrew.app import App
 from coldbrew.broker import Broker, settle
 from coldbrew.errors import (
     BrokerUnavailable,
+    ConfigurationError,
     ContractViolation,
     DatabaseUnavailable,
     UnknownJobType,
@@ -128,9 +129,16 @@ class Worker:
         await broker.connect(prefetch=settings.effective_prefetch)
         stack.push_async_callback(broker.close)
         pool = None
-        if self.app.needs_process_pool and settings.processes > 0:
+        if self.app.needs_process_pool:
+            pooled = sorted(s.name for s in self.app.jobs.values() if s.runs_in_process)
+            if settings.processes == 0:
+                raise ConfigurationError(
+                    f"COLDBREW_PROCESSES is 0 but {', '.join(pooled)} run in the process pool"
+                )
             if self.app.ref is None:
-                raise UnknownJobType("process-pool jobs need an app loaded by reference (MODULE:APP)")
+                raise ConfigurationError(
+                    "process-pool jobs need an app loaded by reference (coldbrew.app.load_app)"
+                )
             pool = ProcessPool(settings.processes, self.app.ref)
             await pool.start()
             stack.push_async_callback(pool.close, settings.shutdown_grace_seconds)

@@ -28,6 +28,7 @@ def describe(ctx: Any, **kwargs: Any) -> dict[str, Any]:
 
 @app.job()
 def report_progress(ctx: Any, steps: int) -> str:
+    ctx.log.debug("reporting_progress", steps=steps)
     for step in range(1, steps + 1):
         ctx.progress(step / steps, f"step {step}")
     return "done"
@@ -97,3 +98,8 @@ def unpicklable(ctx: Any) -> Any:
 @app.job()
 def stamp(ctx: Any, label: str) -> tuple[str, int]:
     return (label, time.monotonic_ns())
+
+
+@app.job()
+def echo(ctx: Any, payload: bytes) -> bytes:
+    return payload

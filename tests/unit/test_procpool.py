@@ -154,6 +154,24 @@ async def test_checkpoint_round_trips_and_host_errors_reach_the_child(pool: Proc
     assert host.checkpoints == [{"offset": 10}]
 
 
+async def test_large_frames_round_trip(pool: ProcessPool) -> None:
+    """Arguments and results far larger than a socket buffer pass intact both ways."""
+    payload = os.urandom(8 * 1024 * 1024)
+    results = await asyncio.gather(*(run(pool, "echo", {"payload": payload}) for _ in range(3)))
+    assert all(result == payload for result in results)
+
+
+async def test_children_ignore_sigint_and_sigterm(pool: ProcessPool) -> None:
+    """SIGINT and SIGTERM to a child do nothing: the parent owns shutdown."""
+    before = sorted(pool.pids)
+    for pid in before:
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGINT)
+    results = await asyncio.gather(*(run(pool, "add", {"a": n, "b": 1}) for n in range(10)))
+    assert results == [n + 1 for n in range(10)]
+    assert sorted(pool.pids) == before
+
+
 async def test_timeout_kills_and_replaces_the_child(pool: ProcessPool, tmp_path: Path) -> None:
     """A job past its timeout has its child killed and replaced, and the pool keeps working."""
     host = RecordingHost()
@@ -329,7 +347,8 @@ async def test_close_lets_a_busy_child_finish_within_grace(tmp_path: Path) -> No
     job = asyncio.create_task(run(pool, "wait_for_file", {"path": str(marker)}, host=host))
     pid = await reported_pid(host)
     closing = asyncio.create_task(pool.close(grace=10))
-    await eventually(lambda: pool.alive == 0)
+    await eventually(lambda: pool.closed)
+    assert pool.busy == 1
     marker.touch()
     assert await job == pid
     await closing

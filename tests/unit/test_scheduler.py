@@ -256,6 +256,22 @@ def test_skipped_tenant_is_not_charged() -> None:
     assert got.tenant == "a"
 
 
+def test_raising_eligibility_callback_loses_nothing() -> None:
+    """If eligible() raises mid-pick, every tenant stays schedulable."""
+    sched: FairScheduler[int] = FairScheduler()
+    for name in ("a", "b", "c"):
+        sched.push(item(name))
+
+    def eligible(tenant: str) -> bool:
+        if tenant == "c":
+            raise RuntimeError("cap lookup failed")
+        return False
+
+    with pytest.raises(RuntimeError):
+        sched.pop(0.0, eligible)
+    assert sorted(p.tenant for p in pop_all(sched)) == ["a", "b", "c"]
+
+
 # --- removal and introspection ------------------------------------------------------
 
 
@@ -278,6 +294,23 @@ def test_remove_where_lowers_a_tenants_class() -> None:
     sched.push(item("b", 5, payload=3))
     assert [p.payload for p in sched.remove_where(lambda p: p.payload == 1)] == [1]
     assert [p.payload for p in pop_all(sched)] == [3, 2]
+
+
+def test_raising_predicate_removes_nothing() -> None:
+    """If the remove_where predicate raises, no item is removed."""
+    sched: FairScheduler[int] = FairScheduler()
+    for n in range(6):
+        sched.push(item(f"t{n % 3}", payload=n))
+
+    def pred(p: Pending[int]) -> bool:
+        if p.payload == 4:
+            raise RuntimeError("boom")
+        return True
+
+    with pytest.raises(RuntimeError):
+        sched.remove_where(pred)
+    assert len(sched) == 6
+    assert sorted(p.payload for p in pop_all(sched)) == list(range(6))
 
 
 def test_drain_empties_the_scheduler() -> None:

@@ -77,7 +77,7 @@ JOIN input AS i ON i.id = j.id
 WHERE j.id NOT IN (SELECT id FROM claimed);
 
 -- name: complete_batch
--- Write outcomes fenced by attempt; returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons)
+-- Write outcomes fenced by attempt, with progress not yet flushed; returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons, $9 progress fractions, $10 progress messages)
 UPDATE jobs AS j
 SET status = u.status::job_status,
     result = u.result,
@@ -89,13 +89,16 @@ SET status = u.status::job_status,
                   ELSE j.run_at END,
     publish_after = CASE WHEN u.status = 'retrying' THEN now() + make_interval(secs => u.delay)
                          ELSE NULL END,
-    progress = CASE WHEN u.status = 'succeeded' THEN 1 ELSE j.progress END,
+    progress = CASE WHEN u.status = 'succeeded' THEN 1
+                    ELSE coalesce(u.progress, j.progress) END,
+    progress_message = coalesce(u.progress_message, j.progress_message),
     lease_expires_at = NULL,
     worker_id = NULL,
     updated_at = now()
 FROM unnest($1::text[], $2::int4[], $3::text[], $4::jsonb[], $5::text[], $6::text[],
-            $7::float8[], $8::text[])
-     AS u(id, attempt, status, result, error_kind, error_message, delay, dead_reason)
+            $7::float8[], $8::text[], $9::float4[], $10::text[])
+     AS u(id, attempt, status, result, error_kind, error_message, delay, dead_reason,
+          progress, progress_message)
 WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
 RETURNING j.id;
 

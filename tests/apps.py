@@ -1,0 +1,102 @@
+"""Job apps used by the integration, end-to-end and fault tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from coldbrew import App, Context, Permanent, Retry
+
+app = App()
+
+
+@app.job()
+async def noop(ctx: Context) -> None:
+    """Does nothing: the cost of the machinery itself."""
+
+
+@app.job()
+async def echo(ctx: Context, value: object = None) -> dict[str, object]:
+    return {"value": value, "attempt": ctx.attempt, "tenant": ctx.tenant}
+
+
+@app.job(timeout=60)
+async def sleep_for(ctx: Context, seconds: float) -> float:
+    ctx.progress(0.0, "sleeping")
+    await asyncio.sleep(seconds)
+    ctx.progress(1.0, "awake")
+    return seconds
+
+
+@app.job(max_attempts=5)
+async def fail_times(ctx: Context, times: int) -> int:
+    """Fails on its first ``times`` attempts, then succeeds."""
+    if ctx.attempt <= times:
+        raise ConnectionError(f"flaky attempt {ctx.attempt}")
+    return ctx.attempt
+
+
+@app.job(max_attempts=2)
+async def always_fails(ctx: Context) -> None:
+    raise RuntimeError("always fails")
+
+
+@app.job()
+async def permanent(ctx: Context) -> None:
+    raise Permanent("bad input, never retry")
+
+
+@app.job()
+async def retry_later(ctx: Context, delay: float) -> int:
+    if ctx.attempt == 1:
+        raise Retry("come back later", delay=delay)
+    return ctx.attempt
+
+
+@app.job()
+async def progress_steps(ctx: Context, steps: int, pause: float) -> int:
+    for step in range(1, steps + 1):
+        ctx.progress(step / steps, f"step {step}")
+        await asyncio.sleep(pause)
+    return steps
+
+
+@app.job(timeout=0.3)
+async def too_slow(ctx: Context) -> None:
+    await asyncio.sleep(5)
+
+
+@app.job()
+async def side_effect(ctx: Context, seconds: float = 0.0) -> bool:
+    """Records its effect once per job through ctx.once; sleeps to widen crash windows."""
+    await asyncio.sleep(seconds)
+    return await ctx.once("effect")
+
+
+@app.job(queue="slow", timeout=30)
+def cpu(ctx: Context, n: int) -> int:
+    """CPU-bound work in the process pool."""
+    total = 0
+    for i in range(n):
+        total += i * i
+    ctx.progress(1.0, "summed")
+    return total
+
+
+@app.job(queue="slow", max_attempts=2)
+def crash(ctx: Context) -> None:
+    """Kills its own process."""
+    os._exit(9)
+
+
+@app.job(queue="slow", timeout=0.5, max_attempts=1)
+def spin(ctx: Context) -> None:
+    """Runs past its timeout in the pool."""
+    time.sleep(10)
+
+
+@app.job(queue="slow")
+def cpu_sleep(ctx: Context, seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds

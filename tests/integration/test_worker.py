@@ -1,0 +1,321 @@
+"""The worker end to end on the real broker and database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aio_pika
+import asyncpg
+import pytest
+
+from coldbrew.client import Client
+from coldbrew.errors import SchemaOutOfDate
+from coldbrew.settings import Settings
+from coldbrew.store import ClaimRequest
+from coldbrew.topology import Topology
+from tests.conftest import DATABASE_URL, WorkerFactory, new_namespace, make_settings, wait_until
+
+
+def metric(worker: Any, name: str, **labels: str) -> float:
+    value = worker.metrics.registry.get_sample_value(name, labels or None)
+    return 0.0 if value is None else value
+
+
+async def publish_raw(
+    channel: aio_pika.abc.AbstractChannel, namespace: str, body: bytes, routing_key: str,
+    **properties: Any,
+) -> None:
+    exchange = await channel.get_exchange(f"{namespace}.jobs")
+    properties.setdefault("delivery_mode", aio_pika.DeliveryMode.PERSISTENT)
+    properties.setdefault("content_type", "application/json")
+    await exchange.publish(aio_pika.Message(body, **properties), routing_key=routing_key)
+
+
+async def test_coroutine_job_runs_to_success(start_worker: WorkerFactory, client: Client) -> None:
+    """A submitted coroutine job is claimed, run and recorded as succeeded with its result."""
+    await start_worker()
+    job = await client.submit("echo", {"value": [1, "two"]}, tenant="default")
+    done = await client.wait(job.id, timeout=20)
+    assert done.status == "succeeded"
+    assert done.result == {"value": [1, "two"], "attempt": 1, "tenant": "default"}
+    assert done.attempt == 1
+    assert done.progress == 1.0
+    assert done.started_at is not None and done.finished_at is not None
+
+
+async def test_process_pool_job_runs_with_progress(
+    start_worker: WorkerFactory, client: Client
+) -> None:
+    """A plain-function job runs in the process pool and its progress reaches the row."""
+    await start_worker()
+    job = await client.submit("cpu", {"n": 1000})
+    done = await client.wait(job.id, timeout=30)
+    assert done.status == "succeeded", done
+    assert done.result == sum(i * i for i in range(1000))
+    assert done.queue == "slow"
+    assert done.progress_message == "summed"
+
+
+async def test_plain_aio_pika_producer_follows_the_contract(
+    start_worker: WorkerFactory, amqp: aio_pika.abc.AbstractChannel, client: Client,
+    settings: Settings,
+) -> None:
+    """A producer with no coldbrew code publishes per the message contract; the job runs."""
+    await start_worker()
+    body = json.dumps({"type": "echo", "args": {"value": 42}}).encode()
+    await publish_raw(amqp, settings.namespace, body, "default.default", message_id="raw-1",
+                      priority=5, headers={"x-max-attempts": 3})
+    await wait_until(lambda: _status_is(client, "raw-1", "succeeded"))
+    record = await client.get("raw-1")
+    assert record.result["value"] == 42
+    assert record.priority == 5
+    assert record.max_attempts == 3
+
+
+async def _status_is(client: Client, job_id: str, status: str) -> bool:
+    try:
+        return (await client.get(job_id)).status == status
+    except Exception:  # noqa: BLE001 - not inserted yet
+        return False
+
+
+async def test_same_message_id_twice_makes_one_job(
+    start_worker: WorkerFactory, amqp: aio_pika.abc.AbstractChannel, client: Client,
+    settings: Settings,
+) -> None:
+    """Publishing one message_id twice creates one job that runs once; the copy is a duplicate."""
+    worker = await start_worker()
+    body = json.dumps({"type": "side_effect", "args": {"seconds": 0.3}}).encode()
+    for _ in range(2):
+        await publish_raw(amqp, settings.namespace, body, "default.default", message_id="dup-1")
+    await wait_until(lambda: _status_is(client, "dup-1", "succeeded"))
+    await wait_until(
+        lambda: _true(metric(worker, "coldbrew_duplicate_deliveries_total", queue="default") >= 1)
+    )
+    record = await client.get("dup-1")
+    assert record.attempt == 1
+    assert record.result is True
+    assert metric(worker, "coldbrew_jobs_started_total", queue="default", type="side_effect") == 1
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_idempotency_key_returns_the_same_job(client: Client) -> None:
+    """Two submissions with one idempotency key are one job."""
+    first = await client.submit("echo", {"value": 1}, idempotency_key="upload-9931", tenant="acme")
+    second = await client.submit("echo", {"value": 2}, idempotency_key="upload-9931", tenant="acme")
+    assert first.id == second.id
+    assert (await client.get(first.id)).args == {"value": 1}
+
+
+async def test_retry_then_success(start_worker: WorkerFactory, client: Client) -> None:
+    """A transient failure is retried through the relay and then succeeds."""
+    await start_worker()
+    job = await client.submit("fail_times", {"times": 2})
+    done = await client.wait(job.id, timeout=30)
+    assert done.status == "succeeded"
+    assert done.attempt == 3
+    assert done.result == 3
+
+
+async def test_retry_with_requested_delay(start_worker: WorkerFactory, client: Client) -> None:
+    """Retry(delay=…) parks the job as retrying with run_at in the future, then runs it."""
+    await start_worker()
+    job = await client.submit("retry_later", {"delay": 1.0})
+    await wait_until(lambda: _status_is(client, job.id, "retrying"))
+    parked = await client.get(job.id)
+    assert (parked.run_at - parked.created_at).total_seconds() >= 0.9
+    done = await client.wait(job.id, timeout=20)
+    assert done.status == "succeeded" and done.attempt == 2
+
+
+async def test_permanent_failure_is_not_retried(start_worker: WorkerFactory, client: Client) -> None:
+    """Permanent fails on the first attempt with the error in the row."""
+    await start_worker()
+    job = await client.submit("permanent", {})
+    done = await client.wait(job.id, timeout=20)
+    assert done.status == "failed"
+    assert done.attempt == 1
+    assert done.error_kind == "permanent"
+    assert done.error_message == "bad input, never retry"
+
+
+async def test_budget_spent_goes_dead_with_a_copy(
+    start_worker: WorkerFactory, client: Client, amqp: aio_pika.abc.AbstractChannel,
+    settings: Settings,
+) -> None:
+    """After max_attempts the job is dead in the row and a copy lands on <ns>.dead."""
+    await start_worker()
+    job = await client.submit("always_fails", {})
+    done = await client.wait(job.id, timeout=20)
+    assert done.status == "dead"
+    assert done.attempt == 2
+    assert done.dead_reason == "max_attempts"
+    copy = await _get_dead(amqp, settings.namespace, job.id)
+    assert copy.headers["x-coldbrew-reason"] == "max_attempts"
+
+
+async def _get_dead(
+    channel: aio_pika.abc.AbstractChannel, namespace: str, message_id: str
+) -> aio_pika.abc.AbstractIncomingMessage:
+    queue = await channel.get_queue(Topology(namespace).dead_queue)
+    for _ in range(200):
+        message = await queue.get(fail=False)
+        if message is None:
+            await asyncio.sleep(0.05)
+            continue
+        await message.ack()
+        if message.message_id == message_id:
+            return message
+    raise AssertionError(f"no dead copy of {message_id}")
+
+
+async def test_coroutine_timeout_is_retryable(start_worker: WorkerFactory, client: Client) -> None:
+    """A coroutine past its timeout is cancelled and the attempt fails as a timeout."""
+    await start_worker()
+    job = await client.submit("too_slow", {}, max_attempts=2)
+    done = await client.wait(job.id, timeout=20)
+    assert done.status == "dead"
+    assert done.error_kind == "timeout"
+    assert done.attempt == 2
+
+
+async def test_pool_timeout_and_crash_keep_the_pool(
+    start_worker: WorkerFactory, client: Client
+) -> None:
+    """A pool child past its timeout is killed, a crashing child is replaced, others go on."""
+    worker = await start_worker()
+    slow = await client.submit("spin", {})
+    crash = await client.submit("crash", {})
+    fine = await client.submit("cpu", {"n": 10})
+    assert (await client.wait(fine.id, timeout=30)).status == "succeeded"
+    spun = await client.wait(slow.id, timeout=30)
+    assert spun.status == "dead" and spun.error_kind == "timeout"
+    crashed = await client.wait(crash.id, timeout=30)
+    assert crashed.status == "dead" and crashed.error_kind == "crashed"
+    pool = worker._runner.pool  # type: ignore[union-attr]
+    await wait_until(lambda: _true(pool.alive == 2))
+    again = await client.submit("cpu", {"n": 10})
+    assert (await client.wait(again.id, timeout=30)).status == "succeeded"
+
+
+async def test_cancel_queued_job_never_runs(
+    start_worker: WorkerFactory, client: Client
+) -> None:
+    """A job cancelled while queued is never run, even when its message is delivered."""
+    job = await client.submit("side_effect", {})
+    cancelled = await client.cancel(job.id, "changed my mind")
+    assert cancelled.status == "cancelled"
+    worker = await start_worker()
+    await wait_until(
+        lambda: _true(metric(worker, "coldbrew_duplicate_deliveries_total", queue="default") >= 1)
+    )
+    record = await client.get(job.id)
+    assert record.status == "cancelled" and record.attempt == 0
+    assert record.error_message == "changed my mind"
+
+
+async def test_cancel_running_job_stops_it(start_worker: WorkerFactory, client: Client) -> None:
+    """A running job is stopped within a heartbeat and ends cancelled with the reason."""
+    await start_worker()
+    job = await client.submit("sleep_for", {"seconds": 30})
+    await wait_until(lambda: _status_is(client, job.id, "running"))
+    await client.cancel(job.id, "operator said stop")
+    done = await client.wait(job.id, timeout=10)
+    assert done.status == "cancelled"
+    assert done.error_message == "operator said stop"
+
+
+async def test_cancel_running_pool_job_kills_child(
+    start_worker: WorkerFactory, client: Client
+) -> None:
+    """A running process-pool job is cancelled by killing its child."""
+    await start_worker()
+    job = await client.submit("cpu_sleep", {"seconds": 30})
+    await wait_until(lambda: _status_is(client, job.id, "running"))
+    await client.cancel(job.id, "too long")
+    done = await client.wait(job.id, timeout=10)
+    assert done.status == "cancelled"
+
+
+async def test_progress_is_visible_while_running(
+    start_worker: WorkerFactory, client: Client
+) -> None:
+    """Progress reported by a running job shows in its status before it finishes."""
+    await start_worker()
+    job = await client.submit("progress_steps", {"steps": 4, "pause": 0.5})
+
+    async def partial() -> bool:
+        record = await client.get(job.id)
+        return record.status == "running" and record.progress is not None and 0 < record.progress < 1
+
+    await wait_until(partial, timeout=10)
+    assert (await client.wait(job.id, timeout=10)).progress == 1.0
+
+
+async def test_relay_publishes_a_commit_that_was_never_published(
+    start_worker: WorkerFactory, client: Client, settings: Settings
+) -> None:
+    """A row committed without its publish (producer crashed) is published by the relay."""
+    request = ClaimRequest("orphan-1", "echo", "default", "default", {"value": "x"}, 0, 3, None, None)
+    await client.store.insert_job(request, relay_grace=0.0)
+    await start_worker()
+    done = await client.wait("orphan-1", timeout=20)
+    assert done.status == "succeeded"
+
+
+async def test_new_tenant_is_provisioned_and_the_fleet_consumes_it(
+    start_worker: WorkerFactory, client: Client, settings: Settings
+) -> None:
+    """A job for an unseen tenant provisions its queue; both workers start consuming it."""
+    first = await start_worker()
+    second = await start_worker()
+    job = await client.submit("echo", {"value": 1}, tenant="brand-new")
+    assert (await client.wait(job.id, timeout=20)).status == "succeeded"
+    for worker in (first, second):
+        await wait_until(lambda w=worker: _true(("default", "brand-new") in w._consumed), timeout=10)
+    more = [await client.submit("echo", {"value": i}, tenant="brand-new") for i in range(20)]
+    for job in more:
+        assert (await client.wait(job.id, timeout=20)).status == "succeeded"
+
+
+async def test_worker_refuses_an_unmigrated_schema(test_app: Any) -> None:
+    """A namespace without the schema makes the worker exit with a `coldbrew migrate` hint."""
+    from coldbrew.worker import Worker
+
+    settings = make_settings(new_namespace())
+    with pytest.raises(SchemaOutOfDate, match="coldbrew migrate"):
+        await Worker(test_app, settings).run()
+
+
+async def test_graceful_stop_releases_running_jobs(
+    start_worker: WorkerFactory, client: Client, settings: Settings
+) -> None:
+    """On stop, a job that outlives the grace time is released and finishes on another worker."""
+    first = await start_worker(shutdown_grace_seconds=0.5)
+    job = await client.submit("sleep_for", {"seconds": 3})
+    await wait_until(lambda: _status_is(client, job.id, "running"))
+    second = await start_worker()
+    first.stop()
+    await wait_until(lambda: _true(not first.ready.is_set() and len(first.inflight) == 0))
+    done = await client.wait(job.id, timeout=30)
+    assert done.status == "succeeded"
+    assert metric(second, "coldbrew_jobs_started_total", queue="default", type="sleep_for") == 1
+    assert metric(first, "coldbrew_jobs_finished_total", queue="default", type="sleep_for",
+                  outcome="released") == 1
+
+
+async def test_rejected_and_tenants_tables_exist(settings: Settings) -> None:
+    """The migrated schema has the tables the worker needs."""
+    conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": settings.namespace})
+    try:
+        tables = {r["tablename"] for r in await conn.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = $1", settings.namespace)}
+    finally:
+        await conn.close()
+    assert {"jobs", "job_once", "tenant_queues", "tenants", "rejected_messages",
+            "schema_migrations"} <= tables
