@@ -214,6 +214,8 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.demo import run_demo
 
+    if not args.debug:  # the tour prints its own story; keep the log to warnings
+        logs.configure("console", "warning")
     return await run_demo(settings, keep=args.keep, namespace_given=args.namespace is not None)
 
 

@@ -59,7 +59,7 @@ def _redact(value: Any, depth: int = 0) -> Any:
         return value
     if isinstance(value, dict):
         return {k: _redact(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if type(value) in (list, tuple):  # not subclasses: a namedtuple cannot be rebuilt this way
         return type(value)(_redact(v, depth + 1) for v in value)
     return value
 

@@ -342,6 +342,7 @@ class _Child:
         self.ready = False  # has loaded the app
         self.doomed = False  # killed, dying or told to exit: never handed a job again
         self.gone = False  # pipe or process closed
+        self.kill_reason: str | None = None  # set when the parent killed it on purpose
         self.wire = _Wire(loop, sock, self._on_message, self.on_lost)
         loop.add_reader(self.sentinel, self.on_lost)
 
@@ -349,17 +350,19 @@ class _Child:
         self.job = job
         self.wire.write(frame)
 
-    def kill(self) -> None:
+    def kill(self, reason: str) -> None:
+        """SIGKILL the child on purpose; ``reason`` is logged when it is reaped."""
         self.doomed = True
+        self.kill_reason = self.kill_reason or reason
         if not self.exited.done():
             self.process.kill()
 
-    def abort(self, error: BaseException | None) -> None:
+    def abort(self, error: BaseException | None, reason: str) -> None:
         """Fail the current job with ``error`` (when given), then kill the child."""
         job = self.job
         if error is not None and job is not None and not job.future.done():
             job.future.set_exception(error)
-        self.kill()
+        self.kill(reason)
 
     def request_exit(self) -> None:
         self.doomed = True
@@ -380,7 +383,7 @@ class _Child:
             message = pickle.loads(payload)  # noqa: S301 - our own child, private socketpair
         except Exception as exc:  # noqa: BLE001 - any unpickling failure
             detail = f"cannot unpickle a message from pool child {self.pid}: {_kind(exc)}: {exc}"
-            self.abort(RemoteJobError("UnpicklableResult", detail))
+            self.abort(RemoteJobError("UnpicklableResult", detail), "bad_message")
             return
         tag = message[0]
         if tag == "progress":
@@ -597,20 +600,23 @@ class ProcessPool:
             raise errors[0]
         self._state = "running"
         for child in results:
-            assert isinstance(child, _Child)
-            self._release(child)
+            if isinstance(child, _Child):
+                self._release(child)
         log.debug("procpool_started", size=self._size, app=self.app_ref)
 
     async def _abandon(self) -> None:
         """A failed start: kill whatever was spawned and reap it."""
         self._state = "closed"
         for child in list(self._children):
-            child.kill()
+            child.kill("start_failed")
         await self._reap_all()
         self._finalizer()
 
     async def close(self, grace: float = 5.0) -> None:
-        """Stop: busy children may finish their job within ``grace`` seconds, then are killed."""
+        """Stop: idle children exit now, busy ones may finish within ``grace`` s, then are killed.
+
+        Idempotent. Waiting ``run()`` calls raise ``PoolClosed``, as do jobs killed at the end.
+        """
         if self._state in ("new", "closed"):
             self._state = "closed"
             return
@@ -630,7 +636,8 @@ class ProcessPool:
             await asyncio.wait(exits, timeout=grace)
         for child in list(self._children):
             if not child.exited.done():
-                child.abort(PoolClosed(f"process pool closed; job killed after {grace:g} s grace"))
+                error = PoolClosed(f"process pool closed; job killed after {grace:g} s grace")
+                child.abort(error, "closed")
         await self._reap_all()
         self._state = "closed"
         self._finalizer()
@@ -666,7 +673,7 @@ class ProcessPool:
         try:
             await asyncio.shield(child.booted)
         except BaseException:
-            child.kill()
+            child.kill("boot_failed")
             raise
         child.ready = True
         return child
@@ -696,7 +703,11 @@ class ProcessPool:
             _fail(job.future, WorkerCrashed(error))
         _resolve(child.exited, code)
         if child.ready and self._state == "running":
-            log.warning("procpool_child_died", pid=child.pid, how=how, busy=job is not None)
+            if child.kill_reason is None:
+                job_id = None if job is None else job.job_id
+                log.warning("procpool_child_died", pid=child.pid, how=how, job_id=job_id)
+            else:
+                log.info("procpool_child_replaced", pid=child.pid, reason=child.kill_reason)
             task = self.loop.create_task(self._replace(), name="coldbrew-pool-replace")
             self._replacing.add(task)
             task.add_done_callback(self._replacing.discard)
@@ -782,7 +793,7 @@ class ProcessPool:
         try:
             return await job.future
         except asyncio.CancelledError:
-            child.abort(None)  # nobody waits for the result: stop the work
+            child.abort(None, "caller_cancelled")  # nobody waits for the result: stop the work
             raise
         finally:
             if timer is not None:
@@ -792,7 +803,7 @@ class ProcessPool:
     def _expire(self, child: _Child, job: _Job, timeout: float) -> None:
         if not job.future.done():
             what = f"job {job.job_type!r} {job.job_id}"
-            child.abort(JobTimeout(f"{what} timed out after {timeout:g} s"))
+            child.abort(JobTimeout(f"{what} timed out after {timeout:g} s"), "timeout")
 
     def _finish(self, child: _Child, job: _Job) -> None:
         for task in job.rpcs:
@@ -807,6 +818,6 @@ class ProcessPool:
         for child in list(self._children):
             job = child.job
             if job is not None and job.job_id == job_id and not job.future.done():
-                child.abort(JobCancelled(f"job {job_id!r} was cancelled"))
+                child.abort(JobCancelled(f"job {job_id!r} was cancelled"), "cancelled")
                 found = True
         return found

@@ -420,6 +420,9 @@ class JobStore:
         query = QUERIES["insert_rejected"].text
         await self._run(lambda conn: conn.executemany(query, rows))
 
+    async def rejected_counts(self) -> dict[str, int]:
+        return {row["reason"]: row["count"] for row in await self._fetch("rejected_counts")}
+
     async def queue_stats(self) -> list[QueueStats]:
         return [QueueStats(**dict(row)) for row in await self._fetch("queue_stats")]
 

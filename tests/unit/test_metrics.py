@@ -215,7 +215,7 @@ async def test_silent_client_is_timed_out(served: Served) -> None:
 
 
 async def test_port_in_use_is_a_configuration_error(served: Served) -> None:
-    """Binding a port another server holds raises ConfigurationError naming the port and variable."""
+    """Binding a port another server holds raises ConfigurationError naming port and variable."""
     taken = served.server.port
     second = MetricsServer(
         "127.0.0.1", taken, CollectorRegistry(), is_healthy=Probe(), is_ready=Probe()
@@ -236,7 +236,7 @@ async def test_close_stops_listening_and_is_idempotent() -> None:
     assert port != 0
     idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
     async with asyncio.timeout(5):  # wait until the server has accepted it
-        while not server._connections:
+        while not server._connections:  # noqa: ASYNC110 - polls a condition against a deadline
             await asyncio.sleep(0.01)
     await server.close()
     await server.close()

@@ -72,14 +72,14 @@ async def run(
     *,
     host: RecordingHost | None = None,
     job_id: str = "job-1",
-    timeout: float | None = 20.0,
+    job_timeout: float | None = 20.0,
 ) -> Any:
     return await pool.run(
         job_type,
         args or {},
         job_info(job_id, job_type),
         host or RecordingHost(),
-        timeout=timeout,
+        timeout=job_timeout,
     )
 
 
@@ -175,9 +175,10 @@ async def test_children_ignore_sigint_and_sigterm(pool: ProcessPool) -> None:
 async def test_timeout_kills_and_replaces_the_child(pool: ProcessPool, tmp_path: Path) -> None:
     """A job past its timeout has its child killed and replaced, and the pool keeps working."""
     host = RecordingHost()
+    never = {"path": str(tmp_path / "never")}
     started = time.monotonic()
     with pytest.raises(JobTimeout, match=r"after 0\.3 s"):
-        await run(pool, "wait_for_file", {"path": str(tmp_path / "never")}, host=host, timeout=0.3)
+        await run(pool, "wait_for_file", never, host=host, job_timeout=0.3)
     assert time.monotonic() - started < 5
     victim = await reported_pid(host)
     await eventually(lambda: pool.alive == pool.size and victim not in pool.pids)
@@ -366,7 +367,7 @@ def test_pool_works_on_uvloop(tmp_path: Path) -> None:
             with pytest.raises(WorkerCrashed, match="exited with code 3"):
                 await run(pool, "crash", {"code": 3})
             with pytest.raises(JobTimeout):
-                await run(pool, "wait_for_file", {"path": str(tmp_path / "never")}, timeout=0.2)
+                await run(pool, "wait_for_file", {"path": str(tmp_path / "never")}, job_timeout=0.2)
             await eventually(lambda: pool.alive == pool.size)
             assert await run(pool, "use_once", {"name": "n"}) == [True, False, True]
 

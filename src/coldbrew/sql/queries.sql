@@ -241,6 +241,10 @@ INSERT INTO rejected_messages (reason, detail, message_id, routing_key, headers,
 VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING id;
 
+-- name: rejected_counts
+-- How many rejected messages are kept, by reason
+SELECT reason, count(*) AS count FROM rejected_messages GROUP BY reason ORDER BY reason;
+
 -- name: queue_stats
 -- Per lane and tenant: counts by status and the oldest waiting job's age in seconds
 SELECT queue, tenant,
