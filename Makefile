@@ -8,8 +8,9 @@ SHELL := /bin/bash
 
 VENV := .venv
 PY := $(VENV)/bin/python
-# make test TESTS=tests/unit PYTEST_ARGS='-x -k lease'
-TESTS ?= tests
+# make test TESTS=tests/unit PYTEST_ARGS='-x -k lease'  (TESTS only from the command line;
+# PYTEST_ARGS also from the environment)
+TESTS := tests
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 # Install the bench extra too when pyproject.toml declares one.

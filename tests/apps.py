@@ -100,3 +100,41 @@ def spin(ctx: Context) -> None:
 def cpu_sleep(ctx: Context, seconds: float) -> float:
     time.sleep(seconds)
     return seconds
+
+
+@app.job()
+async def flaky_dependency(ctx: Context) -> None:
+    """Every call to the 'storage' dependency fails."""
+    async with ctx.breaker("storage"):
+        raise ConnectionError("storage is down")
+
+
+@app.job(max_attempts=50, max_wall_seconds=1.0)
+async def walled(ctx: Context) -> None:
+    raise ConnectionError("still failing")
+
+
+@app.job()
+async def outbox_write(ctx: Context) -> int:
+    """Writes an outbox row with its guard, then fails once after the commit."""
+    async with ctx.once_in_transaction("outbox") as conn:
+        if conn is not None:
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS outbox (job_id text, attempt int)"
+            )
+            await conn.execute("INSERT INTO outbox VALUES ($1, $2)", ctx.job_id, ctx.attempt)
+    if ctx.attempt == 1:
+        raise ConnectionError("fail after the outbox commit")
+    return ctx.attempt
+
+
+CANCELLED: dict[str, str] = {}
+
+
+async def _record_cancel(ctx: Context, reason: str) -> None:
+    CANCELLED[ctx.job_id] = reason
+
+
+@app.job(on_cancel=_record_cancel)
+async def cancellable(ctx: Context) -> None:
+    await asyncio.sleep(60)

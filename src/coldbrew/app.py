@@ -38,6 +38,8 @@ class JobSpec:
     retry_on: tuple[type[BaseException], ...]
     dont_retry_on: tuple[type[BaseException], ...]
     args_model: type[BaseModel] | None = field(repr=False)
+    max_wall_seconds: float | None = None
+    on_cancel: Callable[..., Any] | None = None
 
     @property
     def runs_in_process(self) -> bool:
@@ -118,8 +120,16 @@ class App:
         max_attempts: int | None = None,
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         dont_retry_on: tuple[type[BaseException], ...] = (),
+        max_wall_seconds: float | None = None,
+        on_cancel: Callable[..., Any] | None = None,
     ) -> Callable[[F], F]:
-        """Register a job. Coroutine functions run on the event loop, plain ones in the pool."""
+        """Register a job. Coroutine functions run on the event loop, plain ones in the pool.
+
+        ``max_wall_seconds`` bounds the time from the first start to the last
+        retry, whatever ``max_attempts`` allows. ``on_cancel(ctx, reason)`` is an
+        async cleanup hook run on the worker after a cancelled job stopped (for
+        pool jobs, after its child was killed).
+        """
 
         def register(func: F) -> F:
             job_name = name or func.__name__
@@ -134,6 +144,10 @@ class App:
                 raise ConfigurationError(f"job {job_name!r}: timeout must be positive")
             if max_attempts is not None and max_attempts < 1:
                 raise ConfigurationError(f"job {job_name!r}: max_attempts must be at least 1")
+            if max_wall_seconds is not None and max_wall_seconds <= 0:
+                raise ConfigurationError(f"job {job_name!r}: max_wall_seconds must be positive")
+            if on_cancel is not None and not inspect.iscoroutinefunction(on_cancel):
+                raise ConfigurationError(f"job {job_name!r}: on_cancel must be an async function")
             self.jobs[job_name] = JobSpec(
                 name=job_name,
                 func=func,
@@ -144,6 +158,8 @@ class App:
                 retry_on=retry_on,
                 dont_retry_on=dont_retry_on,
                 args_model=_build_args_model(job_name, func),
+                max_wall_seconds=max_wall_seconds,
+                on_cancel=on_cancel,
             )
             return func
 

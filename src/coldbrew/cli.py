@@ -72,6 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
     stats = sub.add_parser("stats", help="depth, oldest age and counts per queue and tenant")
     stats.add_argument("--json", action="store_true")
 
+    dlq = sub.add_parser("dlq", help="list and replay dead jobs")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=_Parser)
+    dlq_list = dlq_sub.add_parser("list", help="dead jobs with their reasons, newest first")
+    dlq_list.add_argument("--reason-contains")
+    dlq_list.add_argument("--limit", type=int, default=50)
+    dlq_list.add_argument("--rejected", action="store_true",
+                          help="list messages that broke the contract instead")
+    dlq_list.add_argument("--json", action="store_true")
+    replay = dlq_sub.add_parser("replay", help="give dead jobs a fresh budget and run them again")
+    replay.add_argument("--reason-contains")
+    replay.add_argument("--job-id")
+    replay.add_argument("--limit", type=int, default=100)
+    replay.add_argument("--attempts", type=int, help="fresh attempts (COLDBREW_MAX_ATTEMPTS)")
+
     demo = sub.add_parser("demo", help="a self-contained tour on the local broker and database")
     demo.add_argument("--keep", action="store_true", help="keep the demo's schema and queues")
     return parser
@@ -211,6 +225,53 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.store import JobStore
+
+    if args.limit < 1:
+        raise ConfigurationError("--limit must be at least 1")
+    async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
+        await store.check_schema()
+        if args.dlq_command == "replay":
+            return await _dlq_replay(args, settings, store)
+        if args.rejected:
+            rows = [dict(r) for r in await store.list_rejected(args.reason_contains, args.limit)]
+            if args.json:
+                _print_json(rows)
+            for row in [] if args.json else rows:
+                print(f"#{row['id']:<6} {row['reason']:<16} {row['routing_key']:<24} "
+                      f"{row['size']:>8} B  {row['detail'][:80]}")
+            return EXIT_OK
+        jobs = await store.dlq_list(args.reason_contains, args.limit)
+    if args.json:
+        _print_json([job.to_status_json() for job in jobs])
+        return EXIT_OK
+    for job in jobs:
+        print(f"{job.id}  {job.type:<16} {job.tenant:<12} attempts {job.attempt}/"
+              f"{job.max_attempts}  {job.dead_reason or '-'}: {job.error_kind}: "
+              f"{(job.error_message or '')[:80]}")
+    if not jobs:
+        print("(no dead jobs)")
+    return EXIT_OK
+
+
+async def _dlq_replay(args: argparse.Namespace, settings: Settings, store: Any) -> int:
+    budget = args.attempts or settings.max_attempts
+    if not 1 <= budget <= 1000:
+        raise ConfigurationError("--attempts must be 1..1000")
+    if args.job_id is None and args.reason_contains is None:
+        raise ConfigurationError("say which dead jobs to replay: --job-id or --reason-contains")
+    replayed = await store.dlq_replay(args.reason_contains, args.job_id, args.limit, budget)
+    print(f"coldbrew: replayed {len(replayed)} dead job(s) with {budget} fresh attempt(s); "
+          "a running worker publishes them within a second")
+    for job_id in replayed:
+        print(job_id)
+    if args.job_id and not replayed:
+        print(f"coldbrew: job {args.job_id} is not dead", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.demo import run_demo
 
@@ -226,6 +287,7 @@ HANDLERS: dict[str, Handler] = {
     "status": cmd_status,
     "cancel": cmd_cancel,
     "stats": cmd_stats,
+    "dlq": cmd_dlq,
     "demo": cmd_demo,
 }
 

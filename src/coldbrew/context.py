@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 if TYPE_CHECKING:
+    import asyncpg
+
+    from coldbrew.breaker import Breakers, CircuitBreaker
     from coldbrew.store import JobStore
 
 _log = structlog.get_logger("coldbrew.job")
@@ -24,6 +28,7 @@ class Context:
     """Handed to every job as its first argument."""
 
     __slots__ = (
+        "_breakers",
         "_log",
         "_on_progress",
         "_store",
@@ -48,6 +53,7 @@ class Context:
         checkpoint_state: Any,
         store: JobStore,
         on_progress: Callable[[float | None, str | None], None],
+        breakers: Breakers | None = None,
     ) -> None:
         self.job_id = job_id
         self.type = type
@@ -58,6 +64,7 @@ class Context:
         self.checkpoint_state = checkpoint_state
         self._store = store
         self._on_progress = on_progress
+        self._breakers = breakers
         self._log: Any = None
 
     @property
@@ -92,3 +99,23 @@ class Context:
         once, never twice).
         """
         return await self._store.claim_once(self.job_id, name, self.attempt)
+
+    def once_in_transaction(
+        self, name: str
+    ) -> AbstractAsyncContextManager[asyncpg.Connection | None]:
+        """Exactly once for effects written to the same PostgreSQL (the outbox pattern).
+
+        ``async with ctx.once_in_transaction("charge") as conn:`` yields a
+        connection inside a transaction that also holds the guard, or None when
+        the guard was taken before. Whatever the block writes through ``conn``
+        commits together with the guard, or not at all.
+        """
+        return self._store.once_transaction(self.job_id, name, self.attempt)
+
+    def breaker(self, name: str) -> CircuitBreaker:
+        """The worker's circuit breaker for a named dependency: ``async with ctx.breaker("s3"):``."""
+        if self._breakers is None:
+            from coldbrew.breaker import Breakers
+
+            self._breakers = Breakers()
+        return self._breakers.get(name)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import structlog
 
 from coldbrew import retry
+from coldbrew.breaker import Breakers
 from coldbrew.broker import Broker, settle
 from coldbrew.context import Context
 from coldbrew.errors import (
@@ -52,6 +53,7 @@ class JobRunner:
         inflight: InFlight,
         is_stopping: Callable[[], bool],
         on_db_health: Callable[[bool], None],
+        breakers: Breakers | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -62,6 +64,10 @@ class JobRunner:
         self._is_stopping = is_stopping
         self._on_db_health = on_db_health
         self._rand = random.Random()
+        self.breakers = breakers
+        # Jobs that may outlive RabbitMQ's consumer_timeout are acked once claimed:
+        # the lease, not the delivery, then guards them (SEMANTICS §1, README).
+        self._late_ack_limit = settings.broker_consumer_timeout_seconds - 60.0
 
     # --- one delivery -------------------------------------------------------------
 
@@ -76,6 +82,8 @@ class JobRunner:
             await self._not_claimed(delivery, claim)
             return
         state = JobState(claim.id, claim.attempt, delivery, time.monotonic())
+        if claim.timeout is None or claim.timeout > self._late_ack_limit:
+            state.acked = await settle(message)
         self.inflight.add(state)
         handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
         handles.started.inc()
@@ -133,6 +141,7 @@ class JobRunner:
             checkpoint_state=claim.checkpoint,
             store=self.store,
             on_progress=state.report_progress,
+            breakers=self.breakers,
         )
         try:
             if spec.is_coroutine:
@@ -142,12 +151,12 @@ class JobRunner:
         except asyncio.CancelledError:
             if state.stop_reason is None:
                 raise
-            return self._stopped(state)
+            return await self._stopped(state, ctx)
         except JobCancelled:
-            return self._stopped(state)
+            return await self._stopped(state, ctx)
         except Exception as exc:  # noqa: BLE001 - a job's own exception is data, classified below
             if state.stop_reason is not None:
-                return self._stopped(state)
+                return await self._stopped(state, ctx)
             return self._failure(state, claim, exc)
         return self._success(state, result)
 
@@ -196,10 +205,17 @@ class JobRunner:
             except RuntimeError:  # the scope already exited: the job is finishing anyway
                 pass
 
-    def _stopped(self, state: JobState) -> Outcome | str:
+    async def _stopped(self, state: JobState, ctx: Context) -> Outcome | str:
         reason = state.stop_reason or "cancelled"
         if reason in ("fenced", "released"):
             return reason
+        hook = state.delivery.spec.on_cancel
+        if hook is not None:
+            try:
+                async with asyncio.timeout(30):
+                    await hook(ctx, reason.removeprefix("cancelled: "))
+            except Exception as exc:  # noqa: BLE001 - a failing hook must not lose the cancel
+                log.warning("on_cancel_hook_failed", job_id=state.id, error=repr(exc))
         return Outcome(
             state.id, state.attempt, "cancelled", error_kind="cancelled",
             error_message=reason.removeprefix("cancelled: "),
@@ -221,7 +237,7 @@ class JobRunner:
             max_attempts=claim.max_attempts,
             base=self.settings.retry_base_seconds,
             cap=self.settings.retry_max_seconds,
-            max_wall_seconds=None,
+            max_wall_seconds=spec.max_wall_seconds,
             retry_on=spec.retry_on,
             dont_retry_on=spec.dont_retry_on,
         )
@@ -249,14 +265,15 @@ class JobRunner:
         if outcome == "fenced":
             handles.finish("fenced", elapsed)
             self.metrics.fenced_writes.labels("complete").inc()
-            await settle(delivery.message)
+            await self._settle(state)
             return
         if outcome == "released":
             await self._until_db_ok(
-                lambda: self.store.release([(state.id, state.attempt)]), give_up_on_stop=False
+                lambda: self.store.release([(state.id, state.attempt, state.acked)]),
+                give_up_on_stop=False,
             )
             handles.finish("released", elapsed)
-            await settle(delivery.message, requeue=True)
+            await self._settle(state, requeue=True)
             return
         assert isinstance(outcome, Outcome)  # noqa: S101 - narrowed by the two returns above
         if state.progress is not None:  # reported after the last flush: write it with the outcome
@@ -278,7 +295,12 @@ class JobRunner:
             elif outcome.status == "dead":
                 await self._publish_dead(delivery, outcome.dead_reason or "dead", outcome.error_message or "")
         log.debug("job_finished", job_id=state.id, status=outcome.status, seconds=round(elapsed, 4))
-        await settle(delivery.message)
+        await self._settle(state)
+
+    async def _settle(self, state: JobState, *, requeue: bool | None = None) -> None:
+        if not state.acked:
+            state.acked = True
+            await settle(state.delivery.message, requeue=requeue)
 
     async def _publish_dead(self, delivery: Delivery, reason: str, detail: str) -> None:
         """A copy of a dead job on ``<ns>.dead`` for RabbitMQ-native tools (best effort)."""

@@ -97,6 +97,11 @@ class Settings(BaseSettings):
     tenant_resync_seconds: Annotated[float, Field(gt=0)] = 10.0
     shutdown_grace_seconds: Annotated[float, Field(ge=0)] = 30.0
     aging_seconds: Annotated[float, Field(gt=0)] = 10.0
+    broker_consumer_timeout_seconds: Annotated[float, Field(gt=0)] = 1800.0
+    breaker_failure_threshold: Annotated[int, Field(ge=1)] = 5
+    breaker_reset_seconds: Annotated[float, Field(gt=0)] = 30.0
+    metrics_max_tenants: Annotated[int, Field(ge=1, le=10_000)] = 100
+    stats_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
 
     max_attempts: Annotated[int, Field(ge=1, le=1000)] = 5
     retry_base_seconds: Annotated[float, Field(gt=0)] = 1.0

@@ -348,11 +348,27 @@ class JobStore:
         )
         return {row["id"] for row in rows}
 
-    async def release(self, held: Sequence[tuple[str, int]]) -> set[str]:
+    async def release(self, held: Sequence[tuple[str, int, bool]]) -> set[str]:
+        """Hand jobs back as queued; ``republish`` for those whose delivery was already acked."""
         if not held:
             return set()
-        rows = await self._fetch("release_jobs", [h[0] for h in held], [h[1] for h in held])
+        rows = await self._fetch(
+            "release_jobs", [h[0] for h in held], [h[1] for h in held], [h[2] for h in held]
+        )
         return {row["id"] for row in rows}
+
+    async def dlq_list(self, reason_contains: str | None, limit: int) -> list[JobRecord]:
+        rows = await self._fetch("dlq_list", reason_contains, limit)
+        return [JobRecord.from_row(row) for row in rows]
+
+    async def dlq_replay(
+        self, reason_contains: str | None, job_id: str | None, limit: int, budget: int
+    ) -> list[str]:
+        rows = await self._fetch("dlq_replay", reason_contains, job_id, limit, budget)
+        return [row["id"] for row in rows]
+
+    async def list_rejected(self, reason_contains: str | None, limit: int) -> list[asyncpg.Record]:
+        return await self._fetch("list_rejected", reason_contains, limit)
 
     async def reap_expired(self, limit: int = 500) -> list[asyncpg.Record]:
         return await self._fetch("reap_expired", limit)
@@ -390,6 +406,20 @@ class JobStore:
         if row is None or not row["holds"]:
             raise StaleWrite(f"job {job_id} attempt {attempt} no longer holds its claim")
         return bool(row["taken"])
+
+    @asynccontextmanager
+    async def once_transaction(
+        self, job_id: str, name: str, attempt: int
+    ) -> AsyncIterator[asyncpg.Connection | None]:
+        """A transaction holding the once-guard; yields the connection, or None if taken."""
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                row = await conn.fetchrow(QUERIES["claim_once"].text, job_id, name, attempt)
+                if row is None or not row["holds"]:
+                    raise StaleWrite(f"job {job_id} attempt {attempt} no longer holds its claim")
+                yield conn if row["taken"] else None
+        except CONNECTION_ERRORS as exc:
+            raise DatabaseUnavailable(f"PostgreSQL at {mask_url(self._dsn)}: {exc}") from exc
 
     async def save_checkpoint(self, job_id: str, attempt: int, state: Any) -> None:
         if await self._fetchval("save_checkpoint", job_id, attempt, state) is None:

@@ -20,6 +20,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from prometheus_client import CollectorRegistry
 
 from coldbrew.app import App
+from coldbrew.breaker import Breakers
 from coldbrew.broker import Broker, settle
 from coldbrew.errors import (
     BrokerUnavailable,
@@ -36,6 +37,7 @@ from coldbrew.relay import Relay, run_periodically
 from coldbrew.runner import JobRunner
 from coldbrew.scheduler import FairScheduler, Pending
 from coldbrew.settings import Settings
+from coldbrew.stats import StatsSnapshot
 from coldbrew.store import JobStore
 from coldbrew.tenants import TenantQueues
 from coldbrew.topology import Topology
@@ -149,11 +151,18 @@ class Worker:
         await stack.enter_async_context(server)
         self.metrics_port = server.port
         self._store, self._broker = store, broker
+        breakers = Breakers(
+            failure_threshold=settings.breaker_failure_threshold,
+            reset_seconds=settings.breaker_reset_seconds,
+            on_state=self.metrics.set_breaker_state,
+        )
         self._runner = JobRunner(
             settings=settings, store=store, broker=broker, pool=pool, metrics=self.metrics,
             inflight=self.inflight, is_stopping=lambda: self._closing,
-            on_db_health=self._set_db_ok,
+            on_db_health=self._set_db_ok, breakers=breakers,
         )
+        self._stats = StatsSnapshot(store, max_tenants=settings.metrics_max_tenants)
+        self._stats.register(self.metrics)
         self._tenants = TenantQueues(
             store=store, broker=broker, topology=self.topology, metrics=self.metrics,
             on_queue=self._consume_tenant, on_reject=self._reject,
@@ -174,6 +183,10 @@ class Worker:
         group.create_task(self._heartbeat_loop(), name="heartbeat")
         group.create_task(self._reject_loop(), name="dead-letters")
         group.create_task(self._health_loop(), name="db-health")
+        group.create_task(
+            run_periodically("stats", self._stats.refresh,
+                             interval=settings.stats_interval_seconds, stop=stop, full_batch=1),
+            name="stats")
         group.create_task(
             self._tenants.watch(stop, settings.tenant_resync_seconds), name="tenant-watch"
         )

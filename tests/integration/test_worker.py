@@ -18,8 +18,8 @@ from coldbrew.topology import Topology
 from tests.conftest import DATABASE_URL, WorkerFactory, new_namespace, make_settings, wait_until
 
 
-def metric(worker: Any, name: str, **labels: str) -> float:
-    value = worker.metrics.registry.get_sample_value(name, labels or None)
+def metric(worker: Any, metric_name: str, **labels: str) -> float:
+    value = worker.metrics.registry.get_sample_value(metric_name, labels or None)
     return 0.0 if value is None else value
 
 
@@ -319,3 +319,71 @@ async def test_rejected_and_tenants_tables_exist(settings: Settings) -> None:
         await conn.close()
     assert {"jobs", "job_once", "tenant_queues", "tenants", "rejected_messages",
             "schema_migrations"} <= tables
+
+
+async def test_dlq_replay_gives_a_fresh_budget(
+    start_worker: WorkerFactory, client: Client
+) -> None:
+    """A dead job replayed with a fresh budget runs again, with attempt still counting up."""
+    await start_worker()
+    job = await client.submit("fail_times", {"times": 3}, max_attempts=2)
+    dead = await client.wait(job.id, timeout=20)
+    assert dead.status == "dead" and dead.attempt == 2
+    listed = await client.store.dlq_list("flaky", 10)
+    assert [j.id for j in listed] == [job.id]
+    assert await client.store.dlq_replay(None, job.id, 10, 3) == [job.id]
+    done = await client.wait(job.id, timeout=20)
+    assert done.status == "succeeded"
+    assert done.attempt == 4  # attempts 3 and 4 of the fresh budget; 4 > times
+    assert await client.store.dlq_list(None, 10) == []
+
+
+async def test_breaker_opens_after_failures(start_worker: WorkerFactory, client: Client) -> None:
+    """After consecutive failures the breaker fails calls at once with a retryable error."""
+    worker = await start_worker(breaker_failure_threshold=2, breaker_reset_seconds=60)
+    jobs = [await client.submit("flaky_dependency", {}, max_attempts=1) for _ in range(3)]
+    finals = [await client.wait(j.id, timeout=20) for j in jobs]
+    kinds = sorted(f.error_kind or "" for f in finals)
+    assert kinds == ["builtins.ConnectionError", "builtins.ConnectionError", "retry_requested"]
+    opened = [f for f in finals if f.error_kind == "retry_requested"][0]
+    assert "circuit breaker 'storage' is open" in (opened.error_message or "")
+    assert metric(worker, "coldbrew_breaker_state", name="storage") == 2
+
+
+async def test_max_wall_seconds_ends_retries(start_worker: WorkerFactory, client: Client) -> None:
+    """A job past its max_wall_seconds is dead even with attempts left."""
+    await start_worker(retry_base_seconds=0.4, retry_max_seconds=0.4)
+    job = await client.submit("walled", {})
+    done = await client.wait(job.id, timeout=20)
+    assert done.status == "dead"
+    assert done.dead_reason == "max_wall_seconds"
+    assert done.attempt < 50
+
+
+async def test_once_in_transaction_commits_with_the_guard(
+    start_worker: WorkerFactory, client: Client
+) -> None:
+    """The outbox write and the guard commit together; a second attempt writes nothing."""
+    await start_worker()
+    job = await client.submit("outbox_write", {}, max_attempts=3)
+    done = await client.wait(job.id, timeout=20)
+    assert done.status == "succeeded" and done.attempt == 2
+    rows = await client.store._fetch("get_job", job.id)  # noqa: SLF001 - reuse a pooled fetch
+    assert rows
+    count = await client.store._run(  # noqa: SLF001
+        lambda conn: conn.fetchval("SELECT count(*) FROM outbox WHERE job_id = $1", job.id)
+    )
+    assert count == 1
+
+
+async def test_on_cancel_hook_runs(start_worker: WorkerFactory, client: Client) -> None:
+    """A cancelled job's cleanup hook runs with the reason."""
+    await start_worker()
+    job = await client.submit("cancellable", {})
+    await wait_until(lambda: _status_is(client, job.id, "running"))
+    await client.cancel(job.id, "hook please")
+    done = await client.wait(job.id, timeout=10)
+    assert done.status == "cancelled"
+    from tests import apps
+
+    assert apps.CANCELLED.get(job.id) == "hook please"

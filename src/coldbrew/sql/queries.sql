@@ -121,10 +121,11 @@ WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
 RETURNING j.id;
 
 -- name: release_jobs
--- Graceful drain: hand held jobs back as queued so they run elsewhere at once ($1 ids, $2 attempts)
+-- Graceful drain: hand held jobs back as queued so they run elsewhere at once; the relay republishes those whose delivery was acked early ($1 ids, $2 attempts, $3 republish flags)
 UPDATE jobs AS j
-SET status = 'queued', lease_expires_at = NULL, worker_id = NULL, updated_at = now()
-FROM unnest($1::text[], $2::int4[]) AS u(id, attempt)
+SET status = 'queued', lease_expires_at = NULL, worker_id = NULL, updated_at = now(),
+    publish_after = CASE WHEN u.republish THEN now() ELSE NULL END
+FROM unnest($1::text[], $2::int4[], $3::bool[]) AS u(id, attempt, republish)
 WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
 RETURNING j.id;
 
@@ -240,6 +241,44 @@ SELECT pg_notify($1, $2);
 INSERT INTO rejected_messages (reason, detail, message_id, routing_key, headers, body)
 VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING id;
+
+-- name: dlq_list
+-- Dead jobs, newest first, optionally whose reason or error contains a text ($1 text or null, $2 limit)
+SELECT * FROM jobs
+WHERE status = 'dead'
+  AND ($1::text IS NULL
+       OR position(lower($1) IN lower(coalesce(dead_reason, '') || ' ' || coalesce(error_kind, '')
+                                      || ' ' || coalesce(error_message, ''))) > 0)
+ORDER BY finished_at DESC
+LIMIT $2;
+
+-- name: dlq_replay
+-- Give dead jobs a fresh budget of attempts and make them due now; attempt keeps counting up so fencing still holds ($1 reason text or null, $2 job id or null, $3 limit, $4 fresh attempts)
+UPDATE jobs AS j
+SET status = 'queued', max_attempts = j.attempt + $4, dead_reason = NULL,
+    finished_at = NULL, run_at = now(), publish_after = now(), cancel_requested = false,
+    updated_at = now()
+WHERE j.id IN (
+    SELECT id FROM jobs
+    WHERE status = 'dead'
+      AND ($2::text IS NULL OR id = $2)
+      AND ($1::text IS NULL
+           OR position(lower($1) IN lower(coalesce(dead_reason, '') || ' '
+                                          || coalesce(error_kind, '') || ' '
+                                          || coalesce(error_message, ''))) > 0)
+    ORDER BY finished_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING j.id;
+
+-- name: list_rejected
+-- Messages that broke the contract, newest first ($1 reason text or null, $2 limit)
+SELECT id, reason, detail, message_id, routing_key, received_at, length(body) AS size
+FROM rejected_messages
+WHERE $1::text IS NULL OR position(lower($1) IN lower(reason || ' ' || detail)) > 0
+ORDER BY id DESC
+LIMIT $2;
 
 -- name: rejected_counts
 -- How many rejected messages are kept, by reason

@@ -1,0 +1,530 @@
+"""Throughput benchmark: coldbrew against a plain aio-pika consume-and-ack loop, same broker.
+
+Each repetition runs two sides, alternating, each on ``--jobs`` messages
+pre-published (confirms pipelined, ~256 in flight) before its consumer starts:
+
+* **raw loop**: a subprocess (uvloop, like the worker) that consumes a fresh
+  durable classic priority queue with coldbrew's prefetch and acks each
+  message after receiving it, doing no work. Timed from "go" until the last
+  ack has been followed by a round trip on the same channel (so the broker
+  has processed every ack).
+* **coldbrew**: one ``coldbrew worker bench.apps:app`` subprocess on a fresh
+  namespace. The jobs are published per the message contract to
+  ``<ns>.jobs`` with routing key ``default.default``; the worker inserts and
+  claims each job row, runs the no-op, writes the outcome and acks. Timed
+  from ``/readyz`` answering 200 until ``count(*) WHERE status='succeeded'``
+  reaches N, polled every 50 ms.
+
+Then an idle worker's memory (VmRSS after ``--idle-seconds``) is read. The
+results table goes to stdout (or JSON with ``--json``), progress to stderr.
+Everything created (schemas, queues, exchanges, processes) is removed, on
+errors and Ctrl-C too.
+
+    python bench/throughput.py --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import aio_pika
+import asyncpg
+from bench._common import (
+    Spread,
+    child_env,
+    cpu_by_command,
+    cpu_seconds,
+    delete_broker_entities,
+    drop_namespace,
+    free_port,
+    http_status,
+    machine_info,
+    memory_kib,
+    progress,
+    publish_noops,
+    stop_process,
+    tail,
+)
+
+from coldbrew import logs
+from coldbrew.broker import Broker
+from coldbrew.migrate import connect_creating_database, quote_ident
+from coldbrew.settings import Settings
+from coldbrew.topology import MAX_PRIORITY, Topology
+
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/coldbrew_bench"
+SERVICE_COMMANDS = ("postgres", "beam.smp")
+SCRIPT = Path(__file__).resolve()
+POLL_SECONDS = 0.05
+PUBLISH_WINDOW = 256
+
+
+@dataclass
+class Config:
+    jobs: int
+    repeat: int
+    concurrency: int
+    prefetch: int
+    idle_seconds: float
+    amqp_url: str
+    database_url: str
+    workdir: Path
+    run_id: str = field(default_factory=lambda: secrets.token_hex(3))
+
+
+@dataclass
+class Drain:
+    """One side's drain of ``jobs`` messages."""
+
+    side: str
+    jobs: int
+    seconds: float
+    consumer_cpu_seconds: float
+    publish_seconds: float
+    postgres_cpu_seconds: float | None = None
+    rabbitmq_cpu_seconds: float | None = None
+    peak_rss_kib: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+    @property
+    def cpu_us_per_job(self) -> float:
+        return self.consumer_cpu_seconds / self.jobs * 1e6
+
+
+class BenchError(RuntimeError):
+    """A side could not be measured (the message says why)."""
+
+
+# --- raw loop ---------------------------------------------------------------------------
+
+
+def raw_queue_arguments() -> dict[str, Any]:
+    """Like a coldbrew job queue (classic, priorities), minus the dead-letter exchange."""
+    return {"x-queue-type": "classic", "x-max-priority": MAX_PRIORITY}
+
+
+async def raw_consumer(amqp_url: str, queue_name: str, count: int, prefetch: int) -> None:
+    """The raw side's subprocess: wait for "go", consume-and-ack ``count``, report, wait for EOF."""
+    loop = asyncio.get_running_loop()
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=prefetch)
+        queue = await channel.declare_queue(queue_name, passive=True)
+        print("ready", flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)
+        started = time.perf_counter()
+        acked = 0
+        async with queue.iterator() as messages:
+            async for message in messages:
+                await message.ack()
+                acked += 1
+                if acked >= count:
+                    break
+        # a synchronous round trip on the same channel: every ack before it has been processed
+        left = await channel.declare_queue(queue_name, passive=True)
+        elapsed = time.perf_counter() - started
+        result = {"acked": acked, "seconds": elapsed, "left": left.declaration_result.message_count}
+        print(json.dumps(result), flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)  # the parent reads our CPU first
+    finally:
+        await connection.close()
+
+
+async def run_raw(cfg: Config, index: int) -> Drain:
+    queue_name = f"cbbench_{cfg.run_id}.raw.{index}"
+    process: asyncio.subprocess.Process | None = None
+    try:
+        connection = await aio_pika.connect(cfg.amqp_url)
+        try:
+            channel = await connection.channel(publisher_confirms=True)
+            await channel.declare_queue(queue_name, durable=True, arguments=raw_queue_arguments())
+            publish_seconds = await publish_noops(
+                channel.default_exchange, queue_name, cfg.jobs,
+                id_prefix=f"raw-{cfg.run_id}-{index}", window=PUBLISH_WINDOW,
+            )
+        finally:
+            await connection.close()
+        progress(f"raw #{index + 1}: published {cfg.jobs} in {publish_seconds:.1f} s; consuming")
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, str(SCRIPT), "--raw-consumer", queue_name,
+            "--jobs", str(cfg.jobs), "--prefetch", str(cfg.prefetch),
+            "--amqp-url", cfg.amqp_url,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env({}),
+            start_new_session=True,
+        )
+        assert process.stdin is not None
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), timeout=60)
+        if line.strip() != b"ready":
+            raise BenchError(f"raw consumer did not start (said {line!r})")
+        cpu0, services0 = cpu_seconds(process.pid), cpu_by_command(SERVICE_COMMANDS)
+        process.stdin.write(b"go\n")
+        await process.stdin.drain()
+        line = await asyncio.wait_for(process.stdout.readline(), timeout=max(120, cfg.jobs / 50))
+        cpu1, services1 = cpu_seconds(process.pid), cpu_by_command(SERVICE_COMMANDS)
+        peak = memory_kib(process.pid).get("VmHWM")
+        if not line:
+            raise BenchError("raw consumer exited before reporting")
+        report = json.loads(line)
+        if report["acked"] != cfg.jobs or report["left"] != 0:
+            raise BenchError(f"raw consumer drained wrongly: {report}")
+        process.stdin.close()
+        await asyncio.wait_for(process.wait(), timeout=30)
+        return Drain(
+            "raw", cfg.jobs, report["seconds"], cpu1 - cpu0, publish_seconds,
+            postgres_cpu_seconds=services1["postgres"] - services0["postgres"],
+            rabbitmq_cpu_seconds=services1["beam.smp"] - services0["beam.smp"],
+            peak_rss_kib=peak,
+        )
+    finally:
+        if process is not None:
+            await stop_process(process, grace=10)
+        await delete_broker_entities(cfg.amqp_url, [queue_name], [])
+
+
+# --- coldbrew -------------------------------------------------------------------------------
+
+
+def worker_env(cfg: Config, namespace: str, port: int) -> dict[str, str]:
+    return child_env(
+        {
+            "COLDBREW_AMQP_URL": cfg.amqp_url,
+            "COLDBREW_DATABASE_URL": cfg.database_url,
+            "COLDBREW_NAMESPACE": namespace,
+            "COLDBREW_CONCURRENCY": str(cfg.concurrency),
+            "COLDBREW_METRICS_HOST": "127.0.0.1",
+            "COLDBREW_METRICS_PORT": str(port),
+            "COLDBREW_SHUTDOWN_GRACE_SECONDS": "10",
+            "COLDBREW_LOG_FORMAT": "json",
+            "COLDBREW_LOG_LEVEL": "info",
+        }
+    )
+
+
+async def coldbrew_cli(cfg: Config, namespace: str, *args: str) -> None:
+    """Run ``python -m coldbrew ARGS`` to completion; raise with its output if it fails."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "coldbrew", *args, env=worker_env(cfg, namespace, 0),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cfg.workdir,
+    )
+    out, _ = await process.communicate()
+    if process.returncode != 0:
+        raise BenchError(f"coldbrew {' '.join(args)} exited {process.returncode}: {out.decode()}")
+
+
+@contextlib.asynccontextmanager
+async def namespace_for(cfg: Config, label: str) -> Any:
+    """A fresh migrated namespace, dropped (schema, queues, exchanges) on the way out."""
+    namespace = f"cbbench_{secrets.token_hex(4)}"
+    try:
+        await coldbrew_cli(cfg, namespace, "migrate")
+        progress(f"{label}: namespace {namespace} migrated")
+        yield namespace
+    finally:
+        await drop_namespace(cfg.amqp_url, cfg.database_url, namespace)
+
+
+@contextlib.asynccontextmanager
+async def worker_process(cfg: Config, namespace: str, label: str) -> Any:
+    """A ``coldbrew worker bench.apps:app`` subprocess, ready; SIGTERMed on the way out."""
+    port = free_port()
+    log_path = cfg.workdir / f"worker-{namespace}.log"
+    with log_path.open("wb") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "coldbrew", "worker", "bench.apps:app",
+            env=worker_env(cfg, namespace, port), stdout=log_file, stderr=subprocess.STDOUT,
+            cwd=cfg.workdir, start_new_session=True,
+        )
+    try:
+        started = time.perf_counter()
+        while await http_status(port, "/readyz") != 200:
+            if process.returncode is not None:
+                raise BenchError(f"{label}: worker exited {process.returncode}:\n{tail(log_path)}")
+            if time.perf_counter() - started > 60:
+                raise BenchError(f"{label}: worker not ready after 60 s:\n{tail(log_path)}")
+            await asyncio.sleep(0.02)
+        yield process
+    finally:
+        await stop_process(process)
+        if process.returncode not in (0, None):
+            progress(f"{label}: worker exited {process.returncode}; log tail:\n{tail(log_path)}")
+
+
+async def prepublish(cfg: Config, namespace: str, index: int) -> float:
+    """Declare the namespace's topology as a worker would, then publish the jobs; return seconds."""
+    topology = Topology(namespace)
+    broker = Broker(cfg.amqp_url, topology, name="coldbrew-bench-declare")
+    await broker.connect()
+    try:
+        await broker.declare_job_queue("default", "default")
+    finally:
+        await broker.close()
+    connection = await aio_pika.connect(cfg.amqp_url)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        exchange = await channel.get_exchange(topology.jobs_exchange)
+        seconds = await publish_noops(
+            exchange, "default.default", cfg.jobs,
+            id_prefix=f"{namespace}-{index}", window=PUBLISH_WINDOW,
+        )
+        queue = await channel.declare_queue(topology.job_queue("default", "default"), passive=True)
+        ready = queue.declaration_result.message_count
+    finally:
+        await connection.close()
+    if ready != cfg.jobs:
+        raise BenchError(f"expected {cfg.jobs} messages in the job queue, found {ready}")
+    return seconds
+
+
+async def run_coldbrew(cfg: Config, index: int) -> Drain:
+    label = f"coldbrew #{index + 1}"
+    async with namespace_for(cfg, label) as namespace:
+        publish_seconds = await prepublish(cfg, namespace, index)
+        progress(f"{label}: published {cfg.jobs} in {publish_seconds:.1f} s; starting the worker")
+        count_sql = f"SELECT count(*) FROM {quote_ident(namespace)}.jobs WHERE status = 'succeeded'"
+        conn = await asyncpg.connect(cfg.database_url)
+        try:
+            async with worker_process(cfg, namespace, label) as process:
+                started = time.perf_counter()
+                cpu0, services0 = cpu_seconds(process.pid), cpu_by_command(SERVICE_COMMANDS)
+                deadline = started + max(120.0, cfg.jobs / 100)
+                next_poll = started
+                done = 0
+                while True:
+                    done = await conn.fetchval(count_sql)
+                    if done >= cfg.jobs:
+                        break
+                    now = time.perf_counter()
+                    if process.returncode is not None or now > deadline:
+                        raise BenchError(f"{label}: {done}/{cfg.jobs} succeeded when it stopped")
+                    next_poll += POLL_SECONDS
+                    await asyncio.sleep(max(0.0, next_poll - now))
+                seconds = time.perf_counter() - started
+                cpu1, services1 = cpu_seconds(process.pid), cpu_by_command(SERVICE_COMMANDS)
+                peak = memory_kib(process.pid).get("VmHWM")
+            statuses = dict(
+                await conn.fetch(
+                    f"SELECT status::text, count(*) FROM {quote_ident(namespace)}.jobs GROUP BY 1"
+                )
+            )
+            retried = await conn.fetchval(
+                f"SELECT count(*) FROM {quote_ident(namespace)}.jobs WHERE attempt > 1"
+            )
+        finally:
+            await conn.close()
+    return Drain(
+        "coldbrew", cfg.jobs, seconds, cpu1 - cpu0, publish_seconds,
+        postgres_cpu_seconds=services1["postgres"] - services0["postgres"],
+        rabbitmq_cpu_seconds=services1["beam.smp"] - services0["beam.smp"],
+        peak_rss_kib=peak, extra={"statuses": statuses, "attempt_gt_1": retried},
+    )
+
+
+async def idle_memory(cfg: Config) -> dict[str, Any]:
+    """RSS of a ready worker after ``idle_seconds`` with nothing to do."""
+    async with (
+        namespace_for(cfg, "idle") as namespace,
+        worker_process(cfg, namespace, "idle") as process,
+    ):
+        progress(f"idle: worker ready (pid {process.pid}); idling {cfg.idle_seconds:g} s")
+        cpu0 = cpu_seconds(process.pid)
+        await asyncio.sleep(cfg.idle_seconds)
+        cpu1 = cpu_seconds(process.pid)
+        memory = memory_kib(process.pid)
+        children = _child_pids(process.pid)
+    return {
+        "rss_kib": memory["VmRSS"], "peak_rss_kib": memory["VmHWM"],
+        "idle_cpu_percent": (cpu1 - cpu0) / cfg.idle_seconds * 100, "child_processes": children,
+    }
+
+
+def _child_pids(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(part) for part in text.split()]
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+async def run(cfg: Config) -> dict[str, Any]:
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+    logs.configure("json", "warning")  # coldbrew's own log lines stay off stdout
+    conn = await connect_creating_database(cfg.database_url)  # fail fast, create it if missing
+    await conn.close()
+    machine = await machine_info(cfg.amqp_url, cfg.database_url)
+    progress(
+        f"{cfg.jobs} jobs x {cfg.repeat} repeats, concurrency {cfg.concurrency}, "
+        f"prefetch {cfg.prefetch}; RabbitMQ {machine['rabbitmq']}, "
+        f"PostgreSQL {machine['postgresql']}, {machine['nproc']} CPUs"
+    )
+    raw: list[Drain] = []
+    cold: list[Drain] = []
+    for index in range(cfg.repeat):
+        raw.append(await run_raw(cfg, index))
+        progress(f"raw #{index + 1}: {raw[-1].rate:,.0f} msg/s ({raw[-1].seconds:.2f} s)")
+        cold.append(await run_coldbrew(cfg, index))
+        progress(f"coldbrew #{index + 1}: {cold[-1].rate:,.0f} jobs/s ({cold[-1].seconds:.2f} s)")
+    idle = await idle_memory(cfg)
+    progress(f"idle: VmRSS {idle['rss_kib'] / 1024:.1f} MiB")
+    return summarize(cfg, machine, raw, cold, idle)
+
+
+def summarize(
+    cfg: Config, machine: dict[str, Any], raw: list[Drain], cold: list[Drain], idle: dict[str, Any]
+) -> dict[str, Any]:
+    ratios = [c.rate / r.rate for r, c in zip(raw, cold, strict=True)]
+
+    def side(drains: list[Drain]) -> dict[str, Any]:
+        def per_job(values: list[float | None]) -> float | None:
+            known = [v for v in values if v is not None]
+            return statistics.median(known) / cfg.jobs * 1e6 if known else None
+
+        return {
+            "rate": Spread.of([d.rate for d in drains]).as_dict(),
+            "seconds": Spread.of([d.seconds for d in drains]).as_dict(),
+            "cpu_us_per_job": Spread.of([d.cpu_us_per_job for d in drains]).as_dict(),
+            "postgres_cpu_us_per_job": per_job([d.postgres_cpu_seconds for d in drains]),
+            "rabbitmq_cpu_us_per_job": per_job([d.rabbitmq_cpu_seconds for d in drains]),
+            "runs": [asdict(d) | {"rate": d.rate} for d in drains],
+        }
+
+    return {
+        "config": {
+            "jobs": cfg.jobs, "repeat": cfg.repeat, "concurrency": cfg.concurrency,
+            "prefetch": cfg.prefetch, "poll_seconds": POLL_SECONDS,
+            "publish_window": PUBLISH_WINDOW,
+        },
+        "machine": machine,
+        "raw": side(raw),
+        "coldbrew": side(cold),
+        "ratio": {"median": statistics.median(ratios), "per_pair": ratios, "target": 0.4},
+        "idle": idle | {"target_mib": 80},
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    cfg, raw, cold = result["config"], result["raw"], result["coldbrew"]
+    ratio, idle = result["ratio"], result["idle"]
+
+    def row(name: str, side: dict[str, Any]) -> str:
+        rate, secs, cpu = side["rate"], side["seconds"], side["cpu_us_per_job"]
+        spread = f"{rate['min']:,.0f}-{rate['max']:,.0f}"
+        services = "  ".join(
+            f"{label} {value:,.0f}" if value is not None else f"{label} n/a"
+            for label, value in (
+                ("pg", side["postgres_cpu_us_per_job"]),
+                ("rmq", side["rabbitmq_cpu_us_per_job"]),
+            )
+        )
+        return (
+            f"{name:<10} {rate['median']:>12,.0f} {spread:>17} {secs['median']:>9.2f} "
+            f"{cpu['median']:>11,.0f}   {services}"
+        )
+
+    ratio_ok = "met" if ratio["median"] >= ratio["target"] else "MISSED"
+    rss_mib = idle["rss_kib"] / 1024
+    rss_ok = "met" if rss_mib < idle["target_mib"] else "MISSED"
+    pairs = ", ".join(f"{r:.2f}" for r in ratio["per_pair"])
+    lines = [
+        f"coldbrew throughput: {cfg['jobs']:,} no-op jobs, {cfg['repeat']} repeats, "
+        f"concurrency {cfg['concurrency']}, prefetch {cfg['prefetch']}",
+        "",
+        f"{'side':<10} {'median /s':>12} {'min-max /s':>17} {'median s':>9} "
+        f"{'CPU us/job':>11}   service CPU us/job (median)",
+        row("raw loop", raw),
+        row("coldbrew", cold),
+        "",
+        f"ratio coldbrew/raw (median of pairs): {ratio['median']:.2f}  "
+        f"[pairs: {pairs}]  target >= {ratio['target']}: {ratio_ok}",
+        f"idle worker VmRSS: {rss_mib:.1f} MiB (peak {idle['peak_rss_kib'] / 1024:.1f} MiB, "
+        f"{idle['idle_cpu_percent']:.1f}% CPU idle, {len(idle['child_processes'])} child "
+        f"processes)  target < {idle['target_mib']} MB: {rss_ok}",
+    ]
+    peaks = [r["peak_rss_kib"] for r in cold["runs"] if r["peak_rss_kib"]]
+    if peaks:
+        lines.append(f"worker peak RSS during the drains: {max(peaks) / 1024:.1f} MiB")
+    return "\n".join(lines)
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--jobs", type=int, default=20_000, help="messages per drain (20000)")
+    parser.add_argument("--repeat", type=int, default=3, help="pairs of drains (3)")
+    parser.add_argument(
+        "--concurrency", type=int, default=100, help="COLDBREW_CONCURRENCY of the worker (100)"
+    )
+    parser.add_argument(
+        "--idle-seconds", type=float, default=5.0, help="idle time before reading RSS (5)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--amqp-url", default=DEFAULT_AMQP_URL)
+    parser.add_argument(
+        "--database-url", default=DEFAULT_DATABASE_URL,
+        help=f"created if missing (default {DEFAULT_DATABASE_URL})",
+    )
+    parser.add_argument("--raw-consumer", metavar="QUEUE", help=argparse.SUPPRESS)
+    parser.add_argument("--prefetch", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or args.repeat < 1 or args.concurrency < 1:
+        parser.error("--jobs, --repeat and --concurrency must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    prefetch = Settings.model_construct(concurrency=args.concurrency, prefetch=0).effective_prefetch
+    if args.raw_consumer:
+        import uvloop
+
+        uvloop.run(raw_consumer(args.amqp_url, args.raw_consumer, args.jobs, args.prefetch))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="cbbench-") as workdir:
+        cfg = Config(
+            jobs=args.jobs, repeat=args.repeat, concurrency=args.concurrency, prefetch=prefetch,
+            idle_seconds=args.idle_seconds, amqp_url=args.amqp_url,
+            database_url=args.database_url, workdir=Path(workdir),
+        )
+        try:
+            result = asyncio.run(run(cfg))
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            progress("interrupted: everything created was removed")
+            return 130
+        except BenchError as exc:
+            progress(f"failed: {exc}")
+            return 1
+    print(json.dumps(result, indent=2, default=str) if args.json else render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
