@@ -65,15 +65,10 @@ def memory_kib(pid: int) -> dict[str, int]:
     return found
 
 
-def cpu_by_command(names: Iterable[str]) -> dict[str, float]:
-    """CPU seconds summed over every live process whose command name is one of ``names``.
-
-    Cheap, machine-wide and approximate: processes that exit between two
-    readings take their CPU with them, and other users of the same server
-    are counted too.
-    """
+def cpu_by_command(names: Iterable[str]) -> dict[int, tuple[str, float]]:
+    """``pid -> (command, CPU seconds)`` of every live process whose command is in ``names``."""
     wanted = set(names)
-    totals = dict.fromkeys(wanted, 0.0)
+    found: dict[int, tuple[str, float]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -84,8 +79,43 @@ def cpu_by_command(names: Iterable[str]) -> dict[str, float]:
         comm = text[text.index("(") + 1 : text.rindex(")")]
         if comm in wanted:
             fields = text.rsplit(")", 1)[1].split()
-            totals[comm] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+            found[int(entry.name)] = (comm, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
+    return found
+
+
+def cpu_delta(
+    before: Mapping[int, tuple[str, float]], after: Mapping[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds per command between two ``cpu_by_command`` readings.
+
+    Approximate and machine-wide: a process that exits between the readings
+    takes its CPU with it, and other users of the same server count too.
+    """
+    totals: dict[str, float] = {}
+    for pid, (comm, seconds) in after.items():
+        start = before.get(pid)
+        used = seconds - start[1] if start is not None and start[0] == comm else seconds
+        totals[comm] = totals.get(comm, 0.0) + used
     return totals
+
+
+@dataclass(frozen=True, slots=True)
+class MachineCPU:
+    """Cumulative CPU seconds of the whole machine, from /proc/stat."""
+
+    busy: float
+    steal: float
+
+    @classmethod
+    def read(cls) -> MachineCPU:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+        # user nice system idle iowait irq softirq steal guest guest_nice
+        ticks = [int(f) for f in fields[:8]]
+        busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]
+        return cls(busy / CLOCK_TICKS, ticks[7] / CLOCK_TICKS)
+
+    def __sub__(self, other: MachineCPU) -> MachineCPU:
+        return MachineCPU(self.busy - other.busy, self.steal - other.steal)
 
 
 # --- machine ------------------------------------------------------------------------

@@ -30,12 +30,14 @@ import asyncio
 import contextlib
 import json
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,9 +48,11 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 import aio_pika
 import asyncpg
 from bench._common import (
+    MachineCPU,
     Spread,
     child_env,
     cpu_by_command,
+    cpu_delta,
     cpu_seconds,
     delete_broker_entities,
     drop_namespace,
@@ -74,6 +78,7 @@ SERVICE_COMMANDS = ("postgres", "beam.smp")
 SCRIPT = Path(__file__).resolve()
 POLL_SECONDS = 0.05
 PUBLISH_WINDOW = 256
+PROFILE_RATE = 250
 
 
 @dataclass
@@ -86,7 +91,25 @@ class Config:
     amqp_url: str
     database_url: str
     workdir: Path
+    profile_dir: Path | None = None
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """CPU readings at one instant: the consumer process, the services, the whole machine."""
+
+    at: float
+    consumer: float
+    services: dict[int, tuple[str, float]]
+    machine: MachineCPU
+
+    @classmethod
+    def take(cls, pid: int) -> Snapshot:
+        return cls(
+            time.perf_counter(), cpu_seconds(pid), cpu_by_command(SERVICE_COMMANDS),
+            MachineCPU.read(),
+        )
 
 
 @dataclass
@@ -98,10 +121,29 @@ class Drain:
     seconds: float
     consumer_cpu_seconds: float
     publish_seconds: float
-    postgres_cpu_seconds: float | None = None
-    rabbitmq_cpu_seconds: float | None = None
+    postgres_cpu_seconds: float
+    rabbitmq_cpu_seconds: float
+    machine_busy_cores: float
+    machine_steal_cores: float
     peak_rss_kib: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def measured(
+        cls, side: str, jobs: int, publish_seconds: float, start: Snapshot, end: Snapshot,
+        **more: Any,
+    ) -> Drain:
+        seconds = more.pop("seconds", end.at - start.at)
+        services = cpu_delta(start.services, end.services)
+        machine = end.machine - start.machine
+        return cls(
+            side, jobs, seconds, end.consumer - start.consumer, publish_seconds,
+            postgres_cpu_seconds=services.get("postgres", 0.0),
+            rabbitmq_cpu_seconds=services.get("beam.smp", 0.0),
+            machine_busy_cores=machine.busy / (end.at - start.at),
+            machine_steal_cores=machine.steal / (end.at - start.at),
+            **more,
+        )
 
     @property
     def rate(self) -> float:
@@ -179,11 +221,11 @@ async def run_raw(cfg: Config, index: int) -> Drain:
         line = await asyncio.wait_for(process.stdout.readline(), timeout=60)
         if line.strip() != b"ready":
             raise BenchError(f"raw consumer did not start (said {line!r})")
-        cpu0, services0 = cpu_seconds(process.pid), cpu_by_command(SERVICE_COMMANDS)
+        start = Snapshot.take(process.pid)
         process.stdin.write(b"go\n")
         await process.stdin.drain()
         line = await asyncio.wait_for(process.stdout.readline(), timeout=max(120, cfg.jobs / 50))
-        cpu1, services1 = cpu_seconds(process.pid), cpu_by_command(SERVICE_COMMANDS)
+        end = Snapshot.take(process.pid)
         peak = memory_kib(process.pid).get("VmHWM")
         if not line:
             raise BenchError("raw consumer exited before reporting")
@@ -192,10 +234,8 @@ async def run_raw(cfg: Config, index: int) -> Drain:
             raise BenchError(f"raw consumer drained wrongly: {report}")
         process.stdin.close()
         await asyncio.wait_for(process.wait(), timeout=30)
-        return Drain(
-            "raw", cfg.jobs, report["seconds"], cpu1 - cpu0, publish_seconds,
-            postgres_cpu_seconds=services1["postgres"] - services0["postgres"],
-            rabbitmq_cpu_seconds=services1["beam.smp"] - services0["beam.smp"],
+        return Drain.measured(
+            "raw", cfg.jobs, publish_seconds, start, end, seconds=report["seconds"],
             peak_rss_kib=peak,
         )
     finally:
@@ -298,31 +338,39 @@ async def prepublish(cfg: Config, namespace: str, index: int) -> float:
     return seconds
 
 
+async def wait_succeeded(
+    cfg: Config,
+    conn: asyncpg.Connection,
+    namespace: str,
+    process: asyncio.subprocess.Process,
+    label: str,
+) -> None:
+    """Poll every 50 ms until ``cfg.jobs`` rows are ``succeeded``."""
+    count_sql = f"SELECT count(*) FROM {quote_ident(namespace)}.jobs WHERE status = 'succeeded'"
+    deadline = time.perf_counter() + max(120.0, cfg.jobs / 100)
+    next_poll = time.perf_counter()
+    while True:
+        done = await conn.fetchval(count_sql)
+        if done >= cfg.jobs:
+            return
+        now = time.perf_counter()
+        if process.returncode is not None or now > deadline:
+            raise BenchError(f"{label}: {done}/{cfg.jobs} succeeded when it stopped")
+        next_poll += POLL_SECONDS
+        await asyncio.sleep(max(0.0, next_poll - now))
+
+
 async def run_coldbrew(cfg: Config, index: int) -> Drain:
     label = f"coldbrew #{index + 1}"
     async with namespace_for(cfg, label) as namespace:
         publish_seconds = await prepublish(cfg, namespace, index)
         progress(f"{label}: published {cfg.jobs} in {publish_seconds:.1f} s; starting the worker")
-        count_sql = f"SELECT count(*) FROM {quote_ident(namespace)}.jobs WHERE status = 'succeeded'"
         conn = await asyncpg.connect(cfg.database_url)
         try:
             async with worker_process(cfg, namespace, label) as process:
-                started = time.perf_counter()
-                cpu0, services0 = cpu_seconds(process.pid), cpu_by_command(SERVICE_COMMANDS)
-                deadline = started + max(120.0, cfg.jobs / 100)
-                next_poll = started
-                done = 0
-                while True:
-                    done = await conn.fetchval(count_sql)
-                    if done >= cfg.jobs:
-                        break
-                    now = time.perf_counter()
-                    if process.returncode is not None or now > deadline:
-                        raise BenchError(f"{label}: {done}/{cfg.jobs} succeeded when it stopped")
-                    next_poll += POLL_SECONDS
-                    await asyncio.sleep(max(0.0, next_poll - now))
-                seconds = time.perf_counter() - started
-                cpu1, services1 = cpu_seconds(process.pid), cpu_by_command(SERVICE_COMMANDS)
+                start = Snapshot.take(process.pid)
+                await wait_succeeded(cfg, conn, namespace, process, label)
+                end = Snapshot.take(process.pid)
                 peak = memory_kib(process.pid).get("VmHWM")
             statuses = dict(
                 await conn.fetch(
@@ -334,10 +382,8 @@ async def run_coldbrew(cfg: Config, index: int) -> Drain:
             )
         finally:
             await conn.close()
-    return Drain(
-        "coldbrew", cfg.jobs, seconds, cpu1 - cpu0, publish_seconds,
-        postgres_cpu_seconds=services1["postgres"] - services0["postgres"],
-        rabbitmq_cpu_seconds=services1["beam.smp"] - services0["beam.smp"],
+    return Drain.measured(
+        "coldbrew", cfg.jobs, publish_seconds, start, end,
         peak_rss_kib=peak, extra={"statuses": statuses, "attempt_gt_1": retried},
     )
 
@@ -358,6 +404,79 @@ async def idle_memory(cfg: Config) -> dict[str, Any]:
         "rss_kib": memory["VmRSS"], "peak_rss_kib": memory["VmHWM"],
         "idle_cpu_percent": (cpu1 - cpu0) / cfg.idle_seconds * 100, "child_processes": children,
     }
+
+
+async def profile_drain(cfg: Config, out_dir: Path) -> dict[str, Any]:
+    """One more, unmeasured coldbrew drain with py-spy sampling the worker (collapsed stacks)."""
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        raise BenchError("--profile needs py-spy (pip install py-spy)")
+    folded = out_dir / "worker.folded"
+    label = "profile"
+    async with namespace_for(cfg, label) as namespace:
+        await prepublish(cfg, namespace, cfg.repeat)
+        conn = await asyncpg.connect(cfg.database_url)
+        try:
+            async with worker_process(cfg, namespace, label) as process:
+                spy = await asyncio.create_subprocess_exec(
+                    py_spy, "record", "--pid", str(process.pid), "--format", "raw",
+                    "--function", "--nonblocking", "--rate", str(PROFILE_RATE),
+                    "--output", str(folded),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                )
+                try:
+                    started = time.perf_counter()
+                    await wait_succeeded(cfg, conn, namespace, process, label)
+                    seconds = time.perf_counter() - started
+                finally:
+                    with contextlib.suppress(ProcessLookupError):
+                        spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+                    await asyncio.wait_for(spy.wait(), timeout=30)
+        finally:
+            await conn.close()
+    summary = summarize_stacks(folded.read_text())
+    summary["rate"] = cfg.jobs / seconds
+    summary["folded"] = str(folded)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def summarize_stacks(text: str, top: int = 25) -> dict[str, Any]:
+    """Self and inclusive sample shares per function, and self share per package."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
+    total = 0
+    for line in text.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        own[frames[-1]] += count
+        packages[_package(frames[-1])] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+
+    def shares(counter: Counter[str]) -> list[tuple[str, float]]:
+        return [(name, n / total * 100) for name, n in counter.most_common(top)] if total else []
+
+    return {
+        "samples": total,
+        "self_percent": shares(own),
+        "inclusive_percent": shares(inclusive),
+        "package_self_percent": shares(packages),
+    }
+
+
+def _package(frame: str) -> str:
+    """``func (aiormq/connection.py:12)`` -> ``aiormq``; stdlib modules by their top name."""
+    where = frame[frame.rfind("(") + 1 :].rstrip(")")
+    path = where.split(":")[0]
+    if "/" not in path:
+        return path.removesuffix(".py")
+    return path.split("/")[0]
 
 
 def _child_pids(pid: int) -> list[int]:
@@ -393,7 +512,12 @@ async def run(cfg: Config) -> dict[str, Any]:
         progress(f"coldbrew #{index + 1}: {cold[-1].rate:,.0f} jobs/s ({cold[-1].seconds:.2f} s)")
     idle = await idle_memory(cfg)
     progress(f"idle: VmRSS {idle['rss_kib'] / 1024:.1f} MiB")
-    return summarize(cfg, machine, raw, cold, idle)
+    result = summarize(cfg, machine, raw, cold, idle)
+    if cfg.profile_dir is not None:
+        cfg.profile_dir.mkdir(parents=True, exist_ok=True)
+        result["profile"] = await profile_drain(cfg, cfg.profile_dir)
+        progress(f"profile: written to {cfg.profile_dir}")
+    return result
 
 
 def summarize(
@@ -402,9 +526,8 @@ def summarize(
     ratios = [c.rate / r.rate for r, c in zip(raw, cold, strict=True)]
 
     def side(drains: list[Drain]) -> dict[str, Any]:
-        def per_job(values: list[float | None]) -> float | None:
-            known = [v for v in values if v is not None]
-            return statistics.median(known) / cfg.jobs * 1e6 if known else None
+        def per_job(values: list[float]) -> float:
+            return statistics.median(values) / cfg.jobs * 1e6
 
         return {
             "rate": Spread.of([d.rate for d in drains]).as_dict(),
@@ -412,6 +535,8 @@ def summarize(
             "cpu_us_per_job": Spread.of([d.cpu_us_per_job for d in drains]).as_dict(),
             "postgres_cpu_us_per_job": per_job([d.postgres_cpu_seconds for d in drains]),
             "rabbitmq_cpu_us_per_job": per_job([d.rabbitmq_cpu_seconds for d in drains]),
+            "machine_busy_cores": Spread.of([d.machine_busy_cores for d in drains]).as_dict(),
+            "machine_steal_cores": Spread.of([d.machine_steal_cores for d in drains]).as_dict(),
             "runs": [asdict(d) | {"rate": d.rate} for d in drains],
         }
 
@@ -436,16 +561,12 @@ def render(result: dict[str, Any]) -> str:
     def row(name: str, side: dict[str, Any]) -> str:
         rate, secs, cpu = side["rate"], side["seconds"], side["cpu_us_per_job"]
         spread = f"{rate['min']:,.0f}-{rate['max']:,.0f}"
-        services = "  ".join(
-            f"{label} {value:,.0f}" if value is not None else f"{label} n/a"
-            for label, value in (
-                ("pg", side["postgres_cpu_us_per_job"]),
-                ("rmq", side["rabbitmq_cpu_us_per_job"]),
-            )
-        )
         return (
-            f"{name:<10} {rate['median']:>12,.0f} {spread:>17} {secs['median']:>9.2f} "
-            f"{cpu['median']:>11,.0f}   {services}"
+            f"{name:<10} {rate['median']:>10,.0f} {spread:>13} {secs['median']:>7.2f} "
+            f"{cpu['median']:>9,.0f} {side['postgres_cpu_us_per_job']:>6,.0f} "
+            f"{side['rabbitmq_cpu_us_per_job']:>6,.0f} "
+            f"{side['machine_busy_cores']['median']:>6.2f} "
+            f"{side['machine_steal_cores']['median']:>6.2f}"
         )
 
     ratio_ok = "met" if ratio["median"] >= ratio["target"] else "MISSED"
@@ -456,10 +577,14 @@ def render(result: dict[str, Any]) -> str:
         f"coldbrew throughput: {cfg['jobs']:,} no-op jobs, {cfg['repeat']} repeats, "
         f"concurrency {cfg['concurrency']}, prefetch {cfg['prefetch']}",
         "",
-        f"{'side':<10} {'median /s':>12} {'min-max /s':>17} {'median s':>9} "
-        f"{'CPU us/job':>11}   service CPU us/job (median)",
+        f"{'':<10} {'jobs/s':>10} {'jobs/s':>13} {'drain':>7} "
+        f"{'---- CPU us/job ----':>23} {'machine cores':>13}",
+        f"{'side':<10} {'median':>10} {'min-max':>13} {'s':>7} "
+        f"{'consumer':>9} {'pg':>6} {'rmq':>6} {'busy':>6} {'steal':>6}",
         row("raw loop", raw),
         row("coldbrew", cold),
+        "(medians; consumer = the raw loop or worker process; pg, rmq = all postgres and",
+        " beam.smp processes; busy, steal = whole machine, from /proc/stat, during the drain)",
         "",
         f"ratio coldbrew/raw (median of pairs): {ratio['median']:.2f}  "
         f"[pairs: {pairs}]  target >= {ratio['target']}: {ratio_ok}",
@@ -470,7 +595,25 @@ def render(result: dict[str, Any]) -> str:
     peaks = [r["peak_rss_kib"] for r in cold["runs"] if r["peak_rss_kib"]]
     if peaks:
         lines.append(f"worker peak RSS during the drains: {max(peaks) / 1024:.1f} MiB")
+    if "profile" in result:
+        lines.extend(render_profile(result["profile"]))
     return "\n".join(lines)
+
+
+def render_profile(profile: dict[str, Any], top: int = 15) -> list[str]:
+    lines = [
+        "",
+        f"py-spy profile of one more drain ({profile['rate']:,.0f} jobs/s while sampled, "
+        f"{profile['samples']:,} samples, idle frames excluded; {profile['folded']}):",
+        "  self % by package: " + ", ".join(
+            f"{name} {pct:.0f}" for name, pct in profile["package_self_percent"][:10]
+        ),
+        "  top functions by self %:",
+    ]
+    lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["self_percent"][:top]]
+    lines.append("  top functions by inclusive %:")
+    lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["inclusive_percent"][:top]]
+    return lines
 
 
 # --- command line -----------------------------------------------------------------------------
@@ -487,6 +630,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--idle-seconds", type=float, default=5.0, help="idle time before reading RSS (5)"
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--profile", metavar="DIR", type=Path,
+        help="after the measured runs, one more coldbrew drain sampled by py-spy into DIR",
+    )
     parser.add_argument("--amqp-url", default=DEFAULT_AMQP_URL)
     parser.add_argument(
         "--database-url", default=DEFAULT_DATABASE_URL,
@@ -512,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = Config(
             jobs=args.jobs, repeat=args.repeat, concurrency=args.concurrency, prefetch=prefetch,
             idle_seconds=args.idle_seconds, amqp_url=args.amqp_url,
-            database_url=args.database_url, workdir=Path(workdir),
+            database_url=args.database_url, workdir=Path(workdir), profile_dir=args.profile,
         )
         try:
             result = asyncio.run(run(cfg))

@@ -13,6 +13,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
@@ -98,6 +99,21 @@ async def settle(message: AbstractIncomingMessage, *, requeue: bool | None = Non
     return True
 
 
+def with_heartbeat(url: str, seconds: int | None) -> str:
+    """Ask for AMQP heartbeats every ``seconds`` unless the URL already says.
+
+    The broker closes the connection of a peer that missed two heartbeats, which
+    requeues the deliveries a hung worker (stopped, or its loop blocked) still
+    holds: this bounds how long such a worker can sit on jobs (guarantee 3).
+    """
+    if seconds is None:
+        return url
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query.setdefault("heartbeat", str(seconds))
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 class Broker:
     """One robust connection with a publishing channel (confirms) and a consuming channel."""
 
@@ -109,8 +125,10 @@ class Broker:
         name: str = "coldbrew",
         reconnect_interval: float = 1.0,
         publish_timeout: float = 30.0,
+        heartbeat: int | None = None,
     ) -> None:
         self.url = url
+        self._heartbeat = heartbeat
         self.topology = topology
         self._name = name
         self._reconnect_interval = reconnect_interval
@@ -127,7 +145,7 @@ class Broker:
         """Connect once (fail fast), open channels and declare the fixed topology."""
         try:
             self._connection = await aio_pika.connect_robust(
-                self.url,
+                with_heartbeat(self.url, self._heartbeat),
                 reconnect_interval=self._reconnect_interval,
                 client_properties={"connection_name": self._name},
             )

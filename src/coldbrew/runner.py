@@ -67,7 +67,8 @@ class JobRunner:
         self.breakers = breakers
         # Jobs that may outlive RabbitMQ's consumer_timeout are acked once claimed:
         # the lease, not the delivery, then guards them (SEMANTICS §1, README).
-        self._late_ack_limit = settings.broker_consumer_timeout_seconds - 60.0
+        broker_timeout = settings.broker_consumer_timeout_seconds
+        self._late_ack_limit = broker_timeout - 60.0 if broker_timeout > 120 else broker_timeout / 2
 
     # --- one delivery -------------------------------------------------------------
 

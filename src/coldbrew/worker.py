@@ -126,7 +126,8 @@ class Worker:
         await store.check_schema()
         store.configure_claims(lease_seconds=settings.lease_seconds, worker_id=settings.worker_id)
         broker = Broker(
-            settings.amqp_url, self.topology, name=f"coldbrew-worker:{settings.worker_id}"
+            settings.amqp_url, self.topology, name=f"coldbrew-worker:{settings.worker_id}",
+            heartbeat=settings.amqp_heartbeat_seconds,
         )
         await broker.connect(prefetch=settings.effective_prefetch)
         stack.push_async_callback(broker.close)

@@ -1,0 +1,237 @@
+"""The named queries, their call sites in the store, and the migrations folder."""
+
+from __future__ import annotations
+
+import ast
+import re
+import typing
+from collections import defaultdict
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+import coldbrew.store
+from coldbrew.sql import LATEST_VERSION, QUERIES, migrations, parse_queries, read_sql
+from coldbrew.store import JobStore
+
+STORE_SOURCE = Path(coldbrew.store.__file__).read_text(encoding="utf-8")
+SRC = Path(coldbrew.store.__file__).parent
+STORE_HELPERS = {"_fetch", "_fetchrow", "_fetchval", "_execute"}
+# Call sites whose argument count cannot be read from the call itself (executemany
+# takes rows); each one is checked another way below.
+UNCOUNTED = {"insert_rejected"}
+
+
+def _queries_subscript(node: ast.AST) -> str | None:
+    """The name in ``QUERIES["name"]`` or ``QUERIES["name"].text``, else None."""
+    if isinstance(node, ast.Attribute) and node.attr == "text":
+        node = node.value
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "QUERIES"
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+    ):
+        return node.slice.value
+    return None
+
+
+def call_sites(source: str) -> tuple[dict[str, list[int]], set[str]]:
+    """Argument counts per query name at each countable call, and every name referenced."""
+    counted: dict[str, list[int]] = defaultdict(list)
+    referenced: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        name = _queries_subscript(node)
+        if name is not None:
+            referenced.add(name)
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        first = node.args[0]
+        helper = isinstance(node.func, ast.Attribute) and node.func.attr in STORE_HELPERS
+        if helper and isinstance(first, ast.Constant) and isinstance(first.value, str):
+            name = first.value
+            referenced.add(name)
+        else:
+            name = _queries_subscript(first)
+        if name is not None and not any(isinstance(arg, ast.Starred) for arg in node.args[1:]):
+            counted[name].append(len(node.args) - 1)
+    return counted, referenced
+
+
+COUNTED, REFERENCED = call_sites(STORE_SOURCE)
+
+
+def _description_params(description: str) -> list[int]:
+    """The ``$k`` numbers of the last parenthesised group that lists parameters, in order."""
+    groups = [group for group in re.findall(r"\(([^()]*)\)", description) if "$" in group]
+    return [int(n) for n in re.findall(r"\$(\d+)", groups[-1])] if groups else []
+
+
+# --- queries and the store --------------------------------------------------------------
+
+
+def test_every_query_is_used_by_the_store() -> None:
+    """Each named query is referenced by the store: an unused query is dead SQL."""
+    unused = set(QUERIES) - REFERENCED
+    assert not unused, f"queries never used in store.py: {sorted(unused)}"
+
+
+def test_every_query_name_the_store_uses_exists() -> None:
+    """Each name the store passes to a helper or QUERIES[...] is defined in queries.sql."""
+    missing = REFERENCED - set(QUERIES)
+    assert not missing, f"store.py uses undefined queries: {sorted(missing)}"
+
+
+def test_only_store_uses_queries() -> None:
+    """No other module reaches for QUERIES: the store is the only code that talks to PostgreSQL."""
+    for path in SRC.glob("*.py"):
+        if path.name == "store.py":
+            continue
+        names_from_queries = {
+            name
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if (name := _queries_subscript(node)) is not None
+        }
+        assert not names_from_queries, f"{path.name} uses {sorted(names_from_queries)}"
+
+
+@pytest.mark.parametrize("name", sorted(set(QUERIES) - UNCOUNTED))
+def test_call_sites_pass_the_right_number_of_parameters(name: str) -> None:
+    """Every countable call passes exactly as many arguments as the query has placeholders."""
+    query = QUERIES[name]
+    assert COUNTED.get(name), f"no countable call site for {name}"
+    for count in COUNTED[name]:
+        assert count == query.param_count, f"{name}: a call passes {count} of {query.param_count}"
+
+
+def test_insert_rejected_rows_have_one_value_per_parameter() -> None:
+    """insert_rejected's rows are tuples with exactly the query's parameter count."""
+    hints = typing.get_type_hints(JobStore.insert_rejected)
+    (row_type,) = typing.get_args(hints["rows"])
+    assert len(typing.get_args(row_type)) == QUERIES["insert_rejected"].param_count
+
+
+def test_call_site_counter_reads_helpers_and_subscripts() -> None:
+    """The AST scan counts arguments after the name, for helpers and QUERIES[...] alike."""
+    counted, referenced = call_sites(
+        "async def f(self, conn):\n"
+        "    await self._fetch('a', 1, 2)\n"
+        "    await conn.fetchval(QUERIES['b'].text, 1)\n"
+        "    await self._execute('c', *rows)\n"
+        "    query = QUERIES['d'].text\n"
+    )
+    assert dict(counted) == {"a": [2], "b": [1]}
+    assert referenced == {"a", "b", "c", "d"}
+
+
+def test_uncounted_call_sites_are_the_known_ones() -> None:
+    """A query used without a countable call must be one of the few checked another way."""
+    uncounted = set(QUERIES) - set(COUNTED)
+    assert uncounted == UNCOUNTED
+
+
+# --- the queries file ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_description_lists_each_parameter_in_order(name: str) -> None:
+    """The description's parameter list is ``($1 ..., $2 ..., ...)``, one per placeholder."""
+    query = QUERIES[name]
+    assert _description_params(query.description) == list(range(1, query.param_count + 1))
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_placeholders_have_no_gaps(name: str) -> None:
+    """A query uses every placeholder from $1 to its highest, so none is silently unbound."""
+    query = QUERIES[name]
+    used = {int(n) for n in re.findall(r"\$(\d+)", query.text)}
+    assert used == set(range(1, query.param_count + 1))
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_every_query_has_a_description_and_a_statement(name: str) -> None:
+    """Each block has a non-empty description line and statement text."""
+    query = QUERIES[name]
+    assert query.description
+    assert query.text
+    assert not query.text.startswith("--")
+
+
+def test_every_name_line_is_parsed() -> None:
+    """Each ``-- name:`` line in queries.sql became a query (a bad name would merge blocks)."""
+    source = read_sql("queries.sql")
+    declared = re.findall(r"^-- name:\s*(\S+)\s*$", source, re.MULTILINE)
+    assert sorted(declared) == sorted(QUERIES)
+
+
+def test_queries_mapping_is_read_only() -> None:
+    """QUERIES cannot be changed at run time."""
+    with pytest.raises(TypeError):
+        QUERIES["get_job"] = QUERIES["get_job"]  # type: ignore[index]
+
+
+# --- parse_queries -------------------------------------------------------------------------
+
+
+def test_parse_queries_splits_named_blocks() -> None:
+    """Blocks become queries with their description, statement and parameter count."""
+    parsed = parse_queries(
+        "-- preamble\n\n"
+        "-- name: one\n-- First ($1 id)\nSELECT * FROM t WHERE id = $1;\n\n"
+        "-- name: two\n-- Second\nSELECT 2;\n"
+    )
+    assert list(parsed) == ["one", "two"]
+    assert parsed["one"].description == "First ($1 id)"
+    assert parsed["one"].text == "SELECT * FROM t WHERE id = $1;"
+    assert parsed["one"].param_count == 1
+    assert parsed["two"].param_count == 0
+
+
+def test_param_count_is_the_highest_placeholder() -> None:
+    """``$10`` counts as ten parameters, not one."""
+    parsed = parse_queries("-- name: many\n-- Ten ($1 ... $10)\nSELECT $10, $2, $1;\n")
+    assert parsed["many"].param_count == 10
+
+
+def test_parse_queries_rejects_a_duplicate_name() -> None:
+    """Two blocks with the same name are refused."""
+    source = "-- name: dup\n-- One\nSELECT 1;\n-- name: dup\n-- Two\nSELECT 2;\n"
+    with pytest.raises(ValueError, match="'dup' is defined twice"):
+        parse_queries(source)
+
+
+def test_parse_queries_rejects_a_block_without_description() -> None:
+    """A block whose first line is not a comment lacks its description and is refused."""
+    with pytest.raises(ValueError, match="'bare' lacks its description"):
+        parse_queries("-- name: bare\nSELECT 1;\n")
+
+
+def test_parse_queries_rejects_an_empty_block() -> None:
+    """A name followed by nothing is refused too."""
+    with pytest.raises(ValueError, match="'empty' lacks its description"):
+        parse_queries("-- name: empty\n")
+
+
+# --- migrations ------------------------------------------------------------------------------
+
+
+def test_migrations_are_numbered_without_gaps() -> None:
+    """Migrations are 0001, 0002, ... with no gap, and the latest is LATEST_VERSION."""
+    found = migrations()
+    assert [version for version, _, _ in found] == list(range(1, len(found) + 1))
+    assert LATEST_VERSION == len(found) >= 1
+    for _, name, sql in found:
+        assert re.fullmatch(r"[a-z0-9_]+", name)
+        assert sql.strip()
+
+
+def test_every_sql_file_in_migrations_is_a_migration() -> None:
+    """No .sql file in migrations/ is silently skipped for a malformed name."""
+    folder = resources.files("coldbrew.sql").joinpath("migrations")
+    names = [entry.name for entry in folder.iterdir() if entry.name.endswith(".sql")]
+    assert names
+    for name in names:
+        assert re.fullmatch(r"\d{4}_[a-z0-9_]+\.sql", name), name
+    assert len(names) == len(migrations())
