@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -151,8 +152,21 @@ def host_info() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "packages": _package_versions(("aio-pika", "aiormq", "asyncpg", "uvloop")),
+        "coldbrew_commit": _git("rev-parse", "--short", "HEAD"),
+        "src_modified": bool(_git("status", "--porcelain", "--", "src")),
     }
     return info
+
+
+def _git(*args: str) -> str:
+    """Output of a git command in the repository, or "" when git is unavailable."""
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip()
 
 
 def _text(value: Any) -> str:
@@ -202,11 +216,17 @@ async def publish_noops(
         finally:
             limit.release()
 
-    tasks = []
-    for index in range(count):
-        await limit.acquire()
-        tasks.append(asyncio.ensure_future(one(index)))
-    await asyncio.gather(*tasks)
+    tasks: list[asyncio.Future[None]] = []
+    try:
+        for index in range(count):
+            await limit.acquire()
+            tasks.append(asyncio.ensure_future(one(index)))
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # none left unretrieved
+        raise
     return time.perf_counter() - started
 
 

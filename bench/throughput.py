@@ -47,6 +47,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import aio_pika
 import asyncpg
+from aiormq.exceptions import AMQPError
 from bench._common import (
     MachineCPU,
     Spread,
@@ -68,6 +69,7 @@ from bench._common import (
 
 from coldbrew import logs
 from coldbrew.broker import Broker
+from coldbrew.errors import ColdbrewError
 from coldbrew.migrate import connect_creating_database, quote_ident
 from coldbrew.settings import Settings
 from coldbrew.topology import MAX_PRIORITY, Topology
@@ -79,6 +81,8 @@ SCRIPT = Path(__file__).resolve()
 POLL_SECONDS = 0.05
 PUBLISH_WINDOW = 256
 PROFILE_RATE = 250
+LOOP_FRAME = "Runner.run (asyncio/runners.py"
+LOOP_SELF = "<event loop: uvloop's C code>"
 
 
 @dataclass
@@ -92,6 +96,7 @@ class Config:
     database_url: str
     workdir: Path
     profile_dir: Path | None = None
+    terminated: bool = False
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
 
 
@@ -107,7 +112,9 @@ class Snapshot:
     @classmethod
     def take(cls, pid: int) -> Snapshot:
         return cls(
-            time.perf_counter(), cpu_seconds(pid), cpu_by_command(SERVICE_COMMANDS),
+            time.perf_counter(),
+            cpu_seconds(pid),
+            cpu_by_command(SERVICE_COMMANDS),
             MachineCPU.read(),
         )
 
@@ -130,14 +137,23 @@ class Drain:
 
     @classmethod
     def measured(
-        cls, side: str, jobs: int, publish_seconds: float, start: Snapshot, end: Snapshot,
+        cls,
+        side: str,
+        jobs: int,
+        publish_seconds: float,
+        start: Snapshot,
+        end: Snapshot,
         **more: Any,
     ) -> Drain:
         seconds = more.pop("seconds", end.at - start.at)
         services = cpu_delta(start.services, end.services)
         machine = end.machine - start.machine
         return cls(
-            side, jobs, seconds, end.consumer - start.consumer, publish_seconds,
+            side,
+            jobs,
+            seconds,
+            end.consumer - start.consumer,
+            publish_seconds,
             postgres_cpu_seconds=services.get("postgres", 0.0),
             rabbitmq_cpu_seconds=services.get("beam.smp", 0.0),
             machine_busy_cores=machine.busy / (end.at - start.at),
@@ -203,17 +219,29 @@ async def run_raw(cfg: Config, index: int) -> Drain:
             channel = await connection.channel(publisher_confirms=True)
             await channel.declare_queue(queue_name, durable=True, arguments=raw_queue_arguments())
             publish_seconds = await publish_noops(
-                channel.default_exchange, queue_name, cfg.jobs,
-                id_prefix=f"raw-{cfg.run_id}-{index}", window=PUBLISH_WINDOW,
+                channel.default_exchange,
+                queue_name,
+                cfg.jobs,
+                id_prefix=f"raw-{cfg.run_id}-{index}",
+                window=PUBLISH_WINDOW,
             )
         finally:
             await connection.close()
         progress(f"raw #{index + 1}: published {cfg.jobs} in {publish_seconds:.1f} s; consuming")
         process = await asyncio.create_subprocess_exec(
-            sys.executable, str(SCRIPT), "--raw-consumer", queue_name,
-            "--jobs", str(cfg.jobs), "--prefetch", str(cfg.prefetch),
-            "--amqp-url", cfg.amqp_url,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env({}),
+            sys.executable,
+            str(SCRIPT),
+            "--raw-consumer",
+            queue_name,
+            "--jobs",
+            str(cfg.jobs),
+            "--prefetch",
+            str(cfg.prefetch),
+            "--amqp-url",
+            cfg.amqp_url,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=child_env({}),
             start_new_session=True,
         )
         assert process.stdin is not None
@@ -235,7 +263,12 @@ async def run_raw(cfg: Config, index: int) -> Drain:
         process.stdin.close()
         await asyncio.wait_for(process.wait(), timeout=30)
         return Drain.measured(
-            "raw", cfg.jobs, publish_seconds, start, end, seconds=report["seconds"],
+            "raw",
+            cfg.jobs,
+            publish_seconds,
+            start,
+            end,
+            seconds=report["seconds"],
             peak_rss_kib=peak,
         )
     finally:
@@ -266,8 +299,14 @@ def worker_env(cfg: Config, namespace: str, port: int) -> dict[str, str]:
 async def coldbrew_cli(cfg: Config, namespace: str, *args: str) -> None:
     """Run ``python -m coldbrew ARGS`` to completion; raise with its output if it fails."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "coldbrew", *args, env=worker_env(cfg, namespace, 0),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cfg.workdir,
+        sys.executable,
+        "-m",
+        "coldbrew",
+        *args,
+        env=worker_env(cfg, namespace, 0),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=cfg.workdir,
     )
     out, _ = await process.communicate()
     if process.returncode != 0:
@@ -293,9 +332,16 @@ async def worker_process(cfg: Config, namespace: str, label: str) -> Any:
     log_path = cfg.workdir / f"worker-{namespace}.log"
     with log_path.open("wb") as log_file:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "coldbrew", "worker", "bench.apps:app",
-            env=worker_env(cfg, namespace, port), stdout=log_file, stderr=subprocess.STDOUT,
-            cwd=cfg.workdir, start_new_session=True,
+            sys.executable,
+            "-m",
+            "coldbrew",
+            "worker",
+            "bench.apps:app",
+            env=worker_env(cfg, namespace, port),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=cfg.workdir,
+            start_new_session=True,
         )
     try:
         started = time.perf_counter()
@@ -326,8 +372,11 @@ async def prepublish(cfg: Config, namespace: str, index: int) -> float:
         channel = await connection.channel(publisher_confirms=True)
         exchange = await channel.get_exchange(topology.jobs_exchange)
         seconds = await publish_noops(
-            exchange, "default.default", cfg.jobs,
-            id_prefix=f"{namespace}-{index}", window=PUBLISH_WINDOW,
+            exchange,
+            "default.default",
+            cfg.jobs,
+            id_prefix=f"{namespace}-{index}",
+            window=PUBLISH_WINDOW,
         )
         queue = await channel.declare_queue(topology.job_queue("default", "default"), passive=True)
         ready = queue.declaration_result.message_count
@@ -344,15 +393,19 @@ async def wait_succeeded(
     namespace: str,
     process: asyncio.subprocess.Process,
     label: str,
-) -> None:
-    """Poll every 50 ms until ``cfg.jobs`` rows are ``succeeded``."""
+) -> tuple[int, float]:
+    """Poll every 50 ms until ``cfg.jobs`` rows succeeded; return (polls, seconds spent in them)."""
     count_sql = f"SELECT count(*) FROM {quote_ident(namespace)}.jobs WHERE status = 'succeeded'"
     deadline = time.perf_counter() + max(120.0, cfg.jobs / 100)
     next_poll = time.perf_counter()
+    polls, polling = 0, 0.0
     while True:
+        before = time.perf_counter()
         done = await conn.fetchval(count_sql)
+        polls += 1
+        polling += time.perf_counter() - before
         if done >= cfg.jobs:
-            return
+            return polls, polling
         now = time.perf_counter()
         if process.returncode is not None or now > deadline:
             raise BenchError(f"{label}: {done}/{cfg.jobs} succeeded when it stopped")
@@ -367,25 +420,57 @@ async def run_coldbrew(cfg: Config, index: int) -> Drain:
         progress(f"{label}: published {cfg.jobs} in {publish_seconds:.1f} s; starting the worker")
         conn = await asyncpg.connect(cfg.database_url)
         try:
+            commits0 = await conn.fetchval(COMMITS_SQL)
             async with worker_process(cfg, namespace, label) as process:
                 start = Snapshot.take(process.pid)
-                await wait_succeeded(cfg, conn, namespace, process, label)
+                polls, polling = await wait_succeeded(cfg, conn, namespace, process, label)
                 end = Snapshot.take(process.pid)
                 peak = memory_kib(process.pid).get("VmHWM")
-            statuses = dict(
-                await conn.fetch(
-                    f"SELECT status::text, count(*) FROM {quote_ident(namespace)}.jobs GROUP BY 1"
-                )
-            )
-            retried = await conn.fetchval(
-                f"SELECT count(*) FROM {quote_ident(namespace)}.jobs WHERE attempt > 1"
-            )
+            extra = await drain_facts(conn, namespace, cfg.jobs, commits0, polls)
+            extra["poll_ms_mean"] = polling / polls * 1000
         finally:
             await conn.close()
     return Drain.measured(
-        "coldbrew", cfg.jobs, publish_seconds, start, end,
-        peak_rss_kib=peak, extra={"statuses": statuses, "attempt_gt_1": retried},
+        "coldbrew", cfg.jobs, publish_seconds, start, end, peak_rss_kib=peak, extra=extra
     )
+
+
+COMMITS_SQL = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+
+
+async def drain_facts(
+    conn: asyncpg.Connection, namespace: str, jobs: int, commits0: int, polls: int
+) -> dict[str, Any]:
+    """After the worker stopped: final statuses, retries, and PostgreSQL's own counters.
+
+    Commits per job come from ``pg_stat_database`` for the whole bench database
+    (the worker's batches, its periodic loops and start-up; our polls are
+    subtracted), so about 2 / (commits per job) jobs went in each claim and
+    completion batch. Tuple counters come from ``pg_stat_user_tables``.
+    """
+    table = f"{quote_ident(namespace)}.jobs"
+    statuses = dict(await conn.fetch(f"SELECT status::text, count(*) FROM {table} GROUP BY 1"))
+    retried = await conn.fetchval(f"SELECT count(*) FROM {table} WHERE attempt > 1")
+    await asyncio.sleep(0.6)  # exited backends' statistics are flushed at exit; give it a moment
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    commits = await conn.fetchval(COMMITS_SQL) - commits0 - polls
+    tuples = await conn.fetchrow(
+        "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+        "WHERE schemaname = $1 AND relname = 'jobs'",
+        namespace,
+    )
+    facts: dict[str, Any] = {
+        "statuses": statuses,
+        "attempt_gt_1": retried,
+        "commits_per_job": commits / jobs,
+    }
+    if tuples is not None:
+        facts |= {
+            "inserts_per_job": tuples["n_tup_ins"] / jobs,
+            "updates_per_job": tuples["n_tup_upd"] / jobs,
+            "hot_update_share": tuples["n_tup_hot_upd"] / max(1, tuples["n_tup_upd"]),
+        }
+    return facts
 
 
 async def idle_memory(cfg: Config) -> dict[str, Any]:
@@ -401,8 +486,10 @@ async def idle_memory(cfg: Config) -> dict[str, Any]:
         memory = memory_kib(process.pid)
         children = _child_pids(process.pid)
     return {
-        "rss_kib": memory["VmRSS"], "peak_rss_kib": memory["VmHWM"],
-        "idle_cpu_percent": (cpu1 - cpu0) / cfg.idle_seconds * 100, "child_processes": children,
+        "rss_kib": memory["VmRSS"],
+        "peak_rss_kib": memory["VmHWM"],
+        "idle_cpu_percent": (cpu1 - cpu0) / cfg.idle_seconds * 100,
+        "child_processes": children,
     }
 
 
@@ -419,10 +506,21 @@ async def profile_drain(cfg: Config, out_dir: Path) -> dict[str, Any]:
         try:
             async with worker_process(cfg, namespace, label) as process:
                 spy = await asyncio.create_subprocess_exec(
-                    py_spy, "record", "--pid", str(process.pid), "--format", "raw",
-                    "--function", "--nonblocking", "--rate", str(PROFILE_RATE),
-                    "--output", str(folded),
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                    py_spy,
+                    "record",
+                    "--pid",
+                    str(process.pid),
+                    "--format",
+                    "raw",
+                    "--function",
+                    "--nonblocking",
+                    "--rate",
+                    str(PROFILE_RATE),
+                    "--output",
+                    str(folded),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
                 )
                 try:
                     started = time.perf_counter()
@@ -442,9 +540,15 @@ async def profile_drain(cfg: Config, out_dir: Path) -> dict[str, Any]:
 
 
 def summarize_stacks(text: str, top: int = 25) -> dict[str, Any]:
-    """Self and inclusive sample shares per function, and self share per package."""
+    """Sample shares from py-spy's collapsed stacks, with the event loop's own frames cut off.
+
+    Frames down to ``Runner.run`` (the loop) are dropped, so the first frame
+    left is the callback or task the loop was running (the "entry"); samples
+    with nothing under the loop are uvloop's own C code.
+    """
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
+    entries: Counter[str] = Counter()
     packages: Counter[str] = Counter()
     total = 0
     for line in text.splitlines():
@@ -453,8 +557,12 @@ def summarize_stacks(text: str, top: int = 25) -> dict[str, Any]:
             continue
         count = int(count_text)
         frames = stack.split(";")
+        cut = next((i for i, f in enumerate(frames) if f.startswith(LOOP_FRAME)), None)
+        if cut is not None:
+            frames = frames[cut + 1 :] or [LOOP_SELF]
         total += count
         own[frames[-1]] += count
+        entries[frames[0]] += count
         packages[_package(frames[-1])] += count
         for frame in set(frames):
             inclusive[frame] += count
@@ -466,12 +574,15 @@ def summarize_stacks(text: str, top: int = 25) -> dict[str, Any]:
         "samples": total,
         "self_percent": shares(own),
         "inclusive_percent": shares(inclusive),
+        "entry_percent": shares(entries),
         "package_self_percent": shares(packages),
     }
 
 
 def _package(frame: str) -> str:
     """``func (aiormq/connection.py:12)`` -> ``aiormq``; stdlib modules by their top name."""
+    if frame == LOOP_SELF:
+        return "uvloop"
     where = frame[frame.rfind("(") + 1 :].rstrip(")")
     path = where.split(":")[0]
     if "/" not in path:
@@ -493,7 +604,12 @@ def _child_pids(pid: int) -> list[int]:
 async def run(cfg: Config) -> dict[str, Any]:
     main_task = asyncio.current_task()
     assert main_task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+
+    def terminate() -> None:
+        cfg.terminated = True
+        main_task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
     logs.configure("json", "warning")  # coldbrew's own log lines stay off stdout
     conn = await connect_creating_database(cfg.database_url)  # fail fast, create it if missing
     await conn.close()
@@ -542,8 +658,11 @@ def summarize(
 
     return {
         "config": {
-            "jobs": cfg.jobs, "repeat": cfg.repeat, "concurrency": cfg.concurrency,
-            "prefetch": cfg.prefetch, "poll_seconds": POLL_SECONDS,
+            "jobs": cfg.jobs,
+            "repeat": cfg.repeat,
+            "concurrency": cfg.concurrency,
+            "prefetch": cfg.prefetch,
+            "poll_seconds": POLL_SECONDS,
             "publish_window": PUBLISH_WINDOW,
         },
         "machine": machine,
@@ -573,9 +692,14 @@ def render(result: dict[str, Any]) -> str:
     rss_mib = idle["rss_kib"] / 1024
     rss_ok = "met" if rss_mib < idle["target_mib"] else "MISSED"
     pairs = ", ".join(f"{r:.2f}" for r in ratio["per_pair"])
+    machine = result["machine"]
+    dirty = " + uncommitted src changes" if machine.get("src_modified") else ""
     lines = [
         f"coldbrew throughput: {cfg['jobs']:,} no-op jobs, {cfg['repeat']} repeats, "
         f"concurrency {cfg['concurrency']}, prefetch {cfg['prefetch']}",
+        f"coldbrew {machine.get('coldbrew_commit') or '?'}{dirty}; {machine['nproc']} x "
+        f"{machine['cpu_model']}, {machine['ram_gib']} GiB; RabbitMQ {machine['rabbitmq']}, "
+        f"PostgreSQL {machine['postgresql']}, Python {machine['python']}",
         "",
         f"{'':<10} {'jobs/s':>10} {'jobs/s':>13} {'drain':>7} "
         f"{'---- CPU us/job ----':>23} {'machine cores':>13}",
@@ -595,6 +719,24 @@ def render(result: dict[str, Any]) -> str:
     peaks = [r["peak_rss_kib"] for r in cold["runs"] if r["peak_rss_kib"]]
     if peaks:
         lines.append(f"worker peak RSS during the drains: {max(peaks) / 1024:.1f} MiB")
+    facts = [r["extra"] for r in cold["runs"]]
+    if facts and "commits_per_job" in facts[0]:
+        commits = statistics.median(f["commits_per_job"] for f in facts)
+        line = (
+            f"coldbrew in PostgreSQL (median): {commits:.3f} commits/job "
+            f"(~{4 / commits:.0f} jobs per claim or completion batch: each pooled statement "
+            "is 2 commits, its own and asyncpg's reset query on release)"
+        )
+        if "updates_per_job" in facts[0]:
+            line += (
+                f", {statistics.median(f['updates_per_job'] for f in facts):.2f} updates/job, "
+                f"{statistics.median(f['hot_update_share'] for f in facts) * 100:.0f}% HOT"
+            )
+        poll = statistics.median(f["poll_ms_mean"] for f in facts)
+        lines.append(line + f"; the 50 ms count(*) poll took {poll:.1f} ms on average")
+        odd = [f for f in facts if f["attempt_gt_1"] or set(f["statuses"]) != {"succeeded"}]
+        if odd:
+            lines.append(f"WARNING: runs with retries or other statuses: {odd}")
     if "profile" in result:
         lines.extend(render_profile(result["profile"]))
     return "\n".join(lines)
@@ -605,12 +747,13 @@ def render_profile(profile: dict[str, Any], top: int = 15) -> list[str]:
         "",
         f"py-spy profile of one more drain ({profile['rate']:,.0f} jobs/s while sampled, "
         f"{profile['samples']:,} samples, idle frames excluded; {profile['folded']}):",
-        "  self % by package: " + ", ".join(
-            f"{name} {pct:.0f}" for name, pct in profile["package_self_percent"][:10]
-        ),
+        "  self % by package: "
+        + ", ".join(f"{name} {pct:.0f}" for name, pct in profile["package_self_percent"][:10]),
         "  top functions by self %:",
     ]
     lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["self_percent"][:top]]
+    lines.append("  what the loop was running (first frame under it), %:")
+    lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["entry_percent"][:top]]
     lines.append("  top functions by inclusive %:")
     lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["inclusive_percent"][:top]]
     return lines
@@ -631,12 +774,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
-        "--profile", metavar="DIR", type=Path,
+        "--profile",
+        metavar="DIR",
+        type=Path,
         help="after the measured runs, one more coldbrew drain sampled by py-spy into DIR",
     )
     parser.add_argument("--amqp-url", default=DEFAULT_AMQP_URL)
     parser.add_argument(
-        "--database-url", default=DEFAULT_DATABASE_URL,
+        "--database-url",
+        default=DEFAULT_DATABASE_URL,
         help=f"created if missing (default {DEFAULT_DATABASE_URL})",
     )
     parser.add_argument("--raw-consumer", metavar="QUEUE", help=argparse.SUPPRESS)
@@ -657,17 +803,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="cbbench-") as workdir:
         cfg = Config(
-            jobs=args.jobs, repeat=args.repeat, concurrency=args.concurrency, prefetch=prefetch,
-            idle_seconds=args.idle_seconds, amqp_url=args.amqp_url,
-            database_url=args.database_url, workdir=Path(workdir), profile_dir=args.profile,
+            jobs=args.jobs,
+            repeat=args.repeat,
+            concurrency=args.concurrency,
+            prefetch=prefetch,
+            idle_seconds=args.idle_seconds,
+            amqp_url=args.amqp_url,
+            database_url=args.database_url,
+            workdir=Path(workdir),
+            profile_dir=args.profile,
         )
         try:
             result = asyncio.run(run(cfg))
         except (KeyboardInterrupt, asyncio.CancelledError):
             progress("interrupted: everything created was removed")
-            return 130
-        except BenchError as exc:
-            progress(f"failed: {exc}")
+            return 143 if cfg.terminated else 130
+        except (BenchError, ColdbrewError, OSError, asyncpg.PostgresError, AMQPError) as exc:
+            progress(f"failed: {exc or type(exc).__name__} (everything created was removed)")
             return 1
     print(json.dumps(result, indent=2, default=str) if args.json else render(result))
     return 0

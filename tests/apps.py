@@ -119,9 +119,7 @@ async def outbox_write(ctx: Context) -> int:
     """Writes an outbox row with its guard, then fails once after the commit."""
     async with ctx.once_in_transaction("outbox") as conn:
         if conn is not None:
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS outbox (job_id text, attempt int)"
-            )
+            await conn.execute("CREATE TABLE IF NOT EXISTS outbox (job_id text, attempt int)")
             await conn.execute("INSERT INTO outbox VALUES ($1, $2)", ctx.job_id, ctx.attempt)
     if ctx.attempt == 1:
         raise ConnectionError("fail after the outbox commit")

@@ -96,7 +96,9 @@ async def cleanup_namespace(namespace: str) -> None:
     conn = await asyncpg.connect(DATABASE_URL)
     try:
         try:
-            rows = await conn.fetch(f"SELECT queue, tenant FROM {quote_ident(namespace)}.tenant_queues")
+            rows = await conn.fetch(
+                f"SELECT queue, tenant FROM {quote_ident(namespace)}.tenant_queues"
+            )
             pairs = [(r["queue"], r["tenant"]) for r in rows]
         except asyncpg.UndefinedTableError:
             pairs = []
@@ -109,9 +111,8 @@ async def cleanup_namespace(namespace: str) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _configure_logging() -> Iterator[None]:
+def _configure_logging() -> None:
     logs.configure("json", os.environ.get("COLDBREW_TEST_LOG_LEVEL", "warning"))  # type: ignore[arg-type]
-    yield
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -120,13 +121,17 @@ def _sweep_leftover_queues() -> Iterator[None]:
     yield
     try:
         out = subprocess.run(
-            ["rabbitmqctl", "-q", "list_queues", "name"], capture_output=True, text=True,
-            timeout=30, check=False,
+            ["rabbitmqctl", "-q", "list_queues", "name"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return
     leftovers = [line.strip() for line in out.splitlines() if line.startswith(f"cbt_{RUN_ID}_")]
     if leftovers:
+
         async def sweep() -> None:
             connection = await aio_pika.connect(AMQP_URL)
             channel = await connection.channel()
@@ -180,9 +185,9 @@ async def start_worker(settings: Settings, test_app: Any) -> AsyncIterator[Worke
         return worker
 
     yield start
-    for worker, task in reversed(running):
+    for worker, _ in reversed(running):
         worker.stop()
-    for worker, task in reversed(running):
+    for _, task in reversed(running):
         await asyncio.wait_for(task, timeout=30)
 
 

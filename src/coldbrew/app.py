@@ -87,7 +87,7 @@ def _build_args_model(name: str, func: Callable[..., Any]) -> type[BaseModel] | 
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, default)
     hints = _resolved_hints(func)
-    for key, (annotation, default) in list(fields.items()):
+    for key, (_annotation, default) in list(fields.items()):
         if key in hints:
             fields[key] = (hints[key], default)
     return create_model(f"{name}_args", __config__=_ArgsConfig.config, **fields)
@@ -97,8 +97,10 @@ def _resolved_hints(func: Callable[..., Any]) -> dict[str, Any]:
     """Resolve string annotations (``from __future__ import annotations`` in job modules)."""
     try:
         return dict(inspect.get_annotations(func, eval_str=True))
-    except Exception as exc:  # noqa: BLE001 - any failure to evaluate a hint is a config error
-        raise ConfigurationError(f"cannot resolve type hints of {func.__qualname__}: {exc}") from exc
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot resolve type hints of {func.__qualname__}: {exc}"
+        ) from exc
 
 
 class App:
@@ -133,11 +135,13 @@ class App:
 
         def register(func: F) -> F:
             job_name = name or func.__name__
-            lane = queue or self.default_queue
+            lane = self.default_queue if queue is None else queue
             if not JOB_TYPE_RE.match(job_name):
                 raise ConfigurationError(f"job type {job_name!r} must match {JOB_TYPE_RE.pattern}")
             if not NAME_RE.match(lane):
-                raise ConfigurationError(f"job {job_name!r}: queue {lane!r} must match {NAME_RE.pattern}")
+                raise ConfigurationError(
+                    f"job {job_name!r}: queue {lane!r} must match {NAME_RE.pattern}"
+                )
             if job_name in self.jobs:
                 raise ConfigurationError(f"job type {job_name!r} is registered twice")
             if timeout is not None and timeout <= 0:
@@ -192,8 +196,10 @@ def load_app(ref: str) -> App:
         raise ConfigurationError(f"app reference {ref!r} must look like MODULE:APP")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r} for {ref!r}: {exc}") from exc
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot import {module_name!r} for {ref!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     app = getattr(module, attr, None)
     if not isinstance(app, App):
         raise ConfigurationError(f"{ref!r} is not a coldbrew App (found {type(app).__name__})")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,11 @@ async def settle(message: AbstractIncomingMessage, *, requeue: bool | None = Non
     return True
 
 
+class _DropAll(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
 def with_heartbeat(url: str, seconds: int | None) -> str:
     """Ask for AMQP heartbeats every ``seconds`` unless the URL already says.
 
@@ -143,16 +149,20 @@ class Broker:
 
     async def connect(self, *, prefetch: int = 0) -> None:
         """Connect once (fail fast), open channels and declare the fixed topology."""
+        quiet, drop = logging.getLogger("aiormq.connection"), _DropAll()
+        quiet.addFilter(drop)  # the first failure is reported once, as BrokerUnavailable
         try:
             self._connection = await aio_pika.connect_robust(
                 with_heartbeat(self.url, self._heartbeat),
                 reconnect_interval=self._reconnect_interval,
                 client_properties={"connection_name": self._name},
             )
-        except (OSError, aiormq.exceptions.AMQPError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
             raise BrokerUnavailable(
                 f"cannot connect to RabbitMQ at {mask_url(self.url)}: {exc or type(exc).__name__}"
             ) from exc
+        finally:
+            quiet.removeFilter(drop)
         self._connection.reconnect_callbacks.add(self._on_reconnect)
         self._connection.close_callbacks.add(self._on_close)
         self._publish_channel = await self._connection.channel(publisher_confirms=True)
@@ -258,8 +268,14 @@ class Broker:
         await self._publish(self._jobs(), copy, message.routing_key or "")
 
     async def publish_dead(
-        self, body: bytes, *, reason: str, detail: str, headers: Mapping[str, Any],
-        message_id: str | None, original_routing_key: str,
+        self,
+        body: bytes,
+        *,
+        reason: str,
+        detail: str,
+        headers: Mapping[str, Any],
+        message_id: str | None,
+        original_routing_key: str,
     ) -> None:
         """Put a copy of a dead job or rejected message on ``<ns>.dead`` with its reason."""
         all_headers = dict(headers)

@@ -8,8 +8,8 @@ traceback only with ``--debug``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -32,7 +32,7 @@ Handler = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 class _Parser(argparse.ArgumentParser):
     """argparse that exits 2 with one line, as every other usage error does."""
 
-    def error(self, message: str) -> Any:  # noqa: ANN401 - NoReturn in the base class
+    def error(self, message: str) -> Any:
         self.exit(EXIT_USAGE, f"coldbrew: {message} (see `coldbrew --help`)\n")
 
 
@@ -77,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_list = dlq_sub.add_parser("list", help="dead jobs with their reasons, newest first")
     dlq_list.add_argument("--reason-contains")
     dlq_list.add_argument("--limit", type=int, default=50)
-    dlq_list.add_argument("--rejected", action="store_true",
-                          help="list messages that broke the contract instead")
+    dlq_list.add_argument(
+        "--rejected", action="store_true", help="list messages that broke the contract instead"
+    )
     dlq_list.add_argument("--json", action="store_true")
     replay = dlq_sub.add_parser("replay", help="give dead jobs a fresh budget and run them again")
     replay.add_argument("--reason-contains")
@@ -173,8 +174,13 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     app = load_app(args.app) if args.app else None
     async with Client.connect(settings, app=app) as client:
         record = await client.submit(
-            args.type, job_args, tenant=args.tenant, queue=args.queue, priority=args.priority,
-            idempotency_key=args.idempotency_key, max_attempts=args.max_attempts,
+            args.type,
+            job_args,
+            tenant=args.tenant,
+            queue=args.queue,
+            priority=args.priority,
+            idempotency_key=args.idempotency_key,
+            max_attempts=args.max_attempts,
         )
         if args.wait:
             record = await client.wait(record.id, timeout=args.timeout)
@@ -212,8 +218,10 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         _print_json([dataclasses.asdict(row) for row in rows])
         return EXIT_OK
-    header = f"{'queue':<12} {'tenant':<20} {'queued':>7} {'running':>7} {'retrying':>8} " \
-             f"{'dead':>5} {'failed':>6} {'oldest':>9}"
+    header = (
+        f"{'queue':<12} {'tenant':<20} {'queued':>7} {'running':>7} {'retrying':>8} "
+        f"{'dead':>5} {'failed':>6} {'oldest':>9}"
+    )
     print(header)
     for row in rows:
         print(
@@ -239,17 +247,21 @@ async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
             if args.json:
                 _print_json(rows)
             for row in [] if args.json else rows:
-                print(f"#{row['id']:<6} {row['reason']:<16} {row['routing_key']:<24} "
-                      f"{row['size']:>8} B  {row['detail'][:80]}")
+                print(
+                    f"#{row['id']:<6} {row['reason']:<16} {row['routing_key']:<24} "
+                    f"{row['size']:>8} B  {row['detail'][:80]}"
+                )
             return EXIT_OK
         jobs = await store.dlq_list(args.reason_contains, args.limit)
     if args.json:
         _print_json([job.to_status_json() for job in jobs])
         return EXIT_OK
     for job in jobs:
-        print(f"{job.id}  {job.type:<16} {job.tenant:<12} attempts {job.attempt}/"
-              f"{job.max_attempts}  {job.dead_reason or '-'}: {job.error_kind}: "
-              f"{(job.error_message or '')[:80]}")
+        print(
+            f"{job.id}  {job.type:<16} {job.tenant:<12} attempts {job.attempt}/"
+            f"{job.max_attempts}  {job.dead_reason or '-'}: {job.error_kind}: "
+            f"{(job.error_message or '')[:80]}"
+        )
     if not jobs:
         print("(no dead jobs)")
     return EXIT_OK
@@ -262,8 +274,10 @@ async def _dlq_replay(args: argparse.Namespace, settings: Settings, store: Any) 
     if args.job_id is None and args.reason_contains is None:
         raise ConfigurationError("say which dead jobs to replay: --job-id or --reason-contains")
     replayed = await store.dlq_replay(args.reason_contains, args.job_id, args.limit, budget)
-    print(f"coldbrew: replayed {len(replayed)} dead job(s) with {budget} fresh attempt(s); "
-          "a running worker publishes them within a second")
+    print(
+        f"coldbrew: replayed {len(replayed)} dead job(s) with {budget} fresh attempt(s); "
+        "a running worker publishes them within a second"
+    )
     for job_id in replayed:
         print(job_id)
     if args.job_id and not replayed:

@@ -84,8 +84,15 @@ class Client:
     ) -> JobRecord:
         """Submit a job and return its record; the same idempotency key returns the same job."""
         request = self._request(
-            type, dict(args or {}), tenant, queue, priority, idempotency_key, job_id,
-            max_attempts, timeout,
+            type,
+            dict(args or {}),
+            tenant,
+            queue,
+            priority,
+            idempotency_key,
+            job_id,
+            max_attempts,
+            timeout,
         )
         record, created = await self.store.insert_job(
             request, relay_grace=self.settings.relay_grace_seconds
@@ -95,8 +102,15 @@ class Client:
         return record
 
     def _request(
-        self, type: str, args: dict[str, Any], tenant: str, queue: str | None, priority: int,
-        idempotency_key: str | None, job_id: str | None, max_attempts: int | None,
+        self,
+        type: str,
+        args: dict[str, Any],
+        tenant: str,
+        queue: str | None,
+        priority: int,
+        idempotency_key: str | None,
+        job_id: str | None,
+        max_attempts: int | None,
         timeout: float | None,
     ) -> ClaimRequest:
         spec = self.app.get(type) if self.app is not None else None
@@ -118,7 +132,12 @@ class Client:
             job_id_for_key(tenant, idempotency_key) if idempotency_key else new_job_id()
         )
         return ClaimRequest(
-            id=job_id, type=type, queue=lane, tenant=tenant, args=args, priority=priority,
+            id=job_id,
+            type=type,
+            queue=lane,
+            tenant=tenant,
+            args=args,
+            priority=priority,
             max_attempts=max_attempts or (spec and spec.max_attempts) or self.settings.max_attempts,
             timeout=timeout or (spec.timeout if spec else None),
             idempotency_key=idempotency_key,
@@ -132,10 +151,15 @@ class Client:
         try:
             await self.broker.publish_job(
                 JobMessage(
-                    id=request.id, type=request.type, queue=request.queue, tenant=request.tenant,
-                    args=request.args, priority=request.priority,
+                    id=request.id,
+                    type=request.type,
+                    queue=request.queue,
+                    tenant=request.tenant,
+                    args=request.args,
+                    priority=request.priority,
                     idempotency_key=request.idempotency_key,
-                    max_attempts=request.max_attempts, timeout=request.timeout,
+                    max_attempts=request.max_attempts,
+                    timeout=request.timeout,
                 )
             )
         except BrokerUnavailable as exc:

@@ -113,7 +113,7 @@ class Context:
         return self._store.once_transaction(self.job_id, name, self.attempt)
 
     def breaker(self, name: str) -> CircuitBreaker:
-        """The worker's circuit breaker for a named dependency: ``async with ctx.breaker("s3"):``."""
+        """The worker's breaker for a named dependency: ``async with ctx.breaker("s3"):``."""
         if self._breakers is None:
             from coldbrew.breaker import Breakers
 

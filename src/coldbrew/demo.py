@@ -31,19 +31,28 @@ async def run_demo(settings: Settings, *, keep: bool, namespace_given: bool) -> 
     """Run the tour; return the exit code (0 when every job ended as expected)."""
     namespace = settings.namespace if namespace_given else DEMO_NAMESPACE
     settings = settings.model_copy(
-        update={"namespace": namespace, "metrics_port": 0, "processes": min(settings.processes, 2),
-                "retry_base_seconds": 0.5, "relay_interval_seconds": 0.2,
-                "progress_flush_seconds": 0.2}
+        update={
+            "namespace": namespace,
+            "metrics_port": 0,
+            "processes": min(settings.processes, 2),
+            "retry_base_seconds": 0.5,
+            "relay_interval_seconds": 0.2,
+            "progress_flush_seconds": 0.2,
+        }
     )
-    print(f"coldbrew demo · RabbitMQ {settings.safe_amqp_url()} · "
-          f"PostgreSQL {settings.safe_database_url()} · namespace {namespace!r}")
+    print(
+        f"coldbrew demo · RabbitMQ {settings.safe_amqp_url()} · "
+        f"PostgreSQL {settings.safe_database_url()} · namespace {namespace!r}"
+    )
     await migrate(settings.database_url, namespace)
     worker = Worker(load_app(DEMO_APP), settings)
     worker_task = asyncio.create_task(worker.run(), name="demo-worker")
     try:
         await _wait_ready(worker, worker_task)
-        print(f"worker ready: lanes {worker.lanes}, {settings.concurrency} coroutine slots, "
-              f"{settings.processes} processes, metrics on :{worker.metrics_port}/metrics\n")
+        print(
+            f"worker ready: lanes {worker.lanes}, {settings.concurrency} coroutine slots, "
+            f"{settings.processes} processes, metrics on :{worker.metrics_port}/metrics\n"
+        )
         async with Client.connect(settings, app=worker.app) as client:
             jobs = await _submit_all(client, settings)
             ok = await _watch(client, jobs)
@@ -74,20 +83,28 @@ async def _submit_all(client: Client, settings: Settings) -> dict[str, str]:
         expected[job.id] = "succeeded"
     for video in ("keynote", "trailer"):
         job = await client.submit(
-            "transcode", {"video_id": video, "resolutions": ["480p", "720p", "1080p"]},
-            tenant="globex", priority=5,
+            "transcode",
+            {"video_id": video, "resolutions": ["480p", "720p", "1080p"]},
+            tenant="globex",
+            priority=5,
         )
         expected[job.id] = "succeeded"
     notify = await client.submit(
-        "notify", {"user": "ada", "message": "your video is ready"}, tenant="initech",
+        "notify",
+        {"user": "ada", "message": "your video is ready"},
+        tenant="initech",
         idempotency_key="notify-ada-1",
     )
     again = await client.submit(
-        "notify", {"user": "ada", "message": "your video is ready"}, tenant="initech",
+        "notify",
+        {"user": "ada", "message": "your video is ready"},
+        tenant="initech",
         idempotency_key="notify-ada-1",
     )
-    print(f"idempotency: the second submit with key 'notify-ada-1' returned the same job "
-          f"({again.id == notify.id})")
+    print(
+        f"idempotency: the second submit with key 'notify-ada-1' returned the same job "
+        f"({again.id == notify.id})"
+    )
     expected[notify.id] = "succeeded"
     big = await client.submit("ingest", {"size_bytes": 5_000_000_000}, tenant="acme")
     expected[big.id] = "failed"
@@ -116,8 +133,10 @@ def _describe(job: JobRecord) -> str:
         detail = f"{job.error_kind}: {job.error_message}"
     if job.status == "succeeded":
         detail = json.dumps(job.result)[:70]
-    return (f"  {job.type:<10} {job.tenant:<8} attempt {job.attempt}  "
-            f"{job.status.value:<9} {progress:>4}  {detail}")
+    return (
+        f"  {job.type:<10} {job.tenant:<8} attempt {job.attempt}  "
+        f"{job.status.value:<9} {progress:>4}  {detail}"
+    )
 
 
 async def _watch(client: Client, expected: dict[str, str], timeout: float = 120) -> bool:
@@ -134,8 +153,10 @@ async def _watch(client: Client, expected: dict[str, str], timeout: float = 120)
                 print(_describe(job))
         if all(job.status.terminal for job in records):
             wrong = [j for j in records if j.status != expected[j.id]]
-            print(f"\nall {len(records)} jobs finished"
-                  + ("" if not wrong else f"; unexpected: {[(j.type, j.status) for j in wrong]}"))
+            print(
+                f"\nall {len(records)} jobs finished"
+                + ("" if not wrong else f"; unexpected: {[(j.type, j.status) for j in wrong]}")
+            )
             return not wrong
         await asyncio.sleep(0.2)
     print("\nthe demo timed out waiting for its jobs")
@@ -145,16 +166,22 @@ async def _watch(client: Client, expected: dict[str, str], timeout: float = 120)
 async def _summary(client: Client) -> None:
     print("\ncoldbrew stats (per lane and tenant):")
     for row in await client.store.queue_stats():
-        print(f"  {row.queue:<8} {row.tenant:<8} running {row.running}  waiting "
-              f"{row.queued + row.retrying}  failed {row.failed}  dead {row.dead}")
+        print(
+            f"  {row.queue:<8} {row.tenant:<8} running {row.running}  waiting "
+            f"{row.queued + row.retrying}  failed {row.failed}  dead {row.dead}"
+        )
     for reason, count in (await client.store.rejected_counts()).items():
-        print(f"  dead letters: {count} rejected message(s), reason {reason!r} "
-              "(kept with their original bytes; copies on the <namespace>.dead queue)")
-    print("\nTry it by hand (in two terminals):\n"
-          "  .venv/bin/coldbrew migrate\n"
-          f"  .venv/bin/coldbrew worker {DEMO_APP}\n"
-          "  .venv/bin/coldbrew submit thumbnail --args '{\"video_id\": \"v1\"}' "
-          "--tenant acme --wait")
+        print(
+            f"  dead letters: {count} rejected message(s), reason {reason!r} "
+            "(kept with their original bytes; copies on the <namespace>.dead queue)"
+        )
+    print(
+        "\nTry it by hand (in two terminals):\n"
+        "  .venv/bin/coldbrew migrate\n"
+        f"  .venv/bin/coldbrew worker {DEMO_APP}\n"
+        '  .venv/bin/coldbrew submit thumbnail --args \'{"video_id": "v1"}\' '
+        "--tenant acme --wait"
+    )
 
 
 async def _cleanup(settings: Settings) -> None:

@@ -39,7 +39,9 @@ async def connect_creating_database(dsn: str) -> asyncpg.Connection:
     except asyncpg.InvalidCatalogNameError:
         pass
     except CONNECTION_ERRORS as exc:
-        raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {mask_url(dsn)}: {exc}") from exc
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL at {mask_url(dsn)}: {exc}"
+        ) from exc
     parts = urlsplit(dsn)
     database = parts.path.lstrip("/")
     admin_dsn = urlunsplit(parts._replace(path="/postgres"))

@@ -117,9 +117,13 @@ def split_routing_key(key: str) -> tuple[str, str]:
     """``<queue>.<tenant>`` → (queue, tenant), both checked against ``[a-z0-9_-]{1,64}``."""
     queue, dot, tenant = key.partition(".")
     if not dot:
-        raise ContractViolation("invalid_routing_key", f"routing key {key!r} is not <queue>.<tenant>")
+        raise ContractViolation(
+            "invalid_routing_key", f"routing key {key!r} is not <queue>.<tenant>"
+        )
     if not NAME_RE.match(queue):
-        raise ContractViolation("invalid_queue", f"queue name {queue!r} must match {NAME_RE.pattern}")
+        raise ContractViolation(
+            "invalid_queue", f"queue name {queue!r} must match {NAME_RE.pattern}"
+        )
     if not NAME_RE.match(tenant):
         raise ContractViolation(
             "invalid_tenant", f"tenant name {tenant!r} must match {NAME_RE.pattern}"
@@ -156,7 +160,9 @@ def _header_str(headers: Mapping[str, Any], name: str, limit: int) -> str | None
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     if not isinstance(value, str) or not 0 < len(value) <= limit:
-        raise ContractViolation("invalid_header", f"{name} must be a string of 1-{limit} characters")
+        raise ContractViolation(
+            "invalid_header", f"{name} must be a string of 1-{limit} characters"
+        )
     return value
 
 

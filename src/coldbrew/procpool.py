@@ -437,6 +437,11 @@ def _resolve(future: asyncio.Future[Any], value: Any) -> None:
         future.set_result(value)
 
 
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
@@ -673,6 +678,8 @@ class ProcessPool:
         try:
             await asyncio.shield(child.booted)
         except BaseException:
+            # Nobody awaits the boot future any more: mark its outcome as seen.
+            child.booted.add_done_callback(_ignore_outcome)
             child.kill("boot_failed")
             raise
         child.ready = True
@@ -773,7 +780,7 @@ class ProcessPool:
         info: Mapping[str, Any],
         host: ContextHost,
         *,
-        timeout: float | None,  # noqa: ASYNC109 - the pool must kill the child, not just stop waiting
+        timeout: float | None,
     ) -> Any:
         """Run one job in an idle child and return its result.
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from coldbrew.aio import sleep_unless
 from coldbrew.broker import Broker, JobMessage
 from coldbrew.errors import BrokerUnavailable, DatabaseUnavailable
 from coldbrew.metrics import Metrics
@@ -25,9 +26,15 @@ log = structlog.get_logger("coldbrew.relay")
 
 def message_for(row: DuePublish) -> JobMessage:
     return JobMessage(
-        id=row.id, type=row.type, queue=row.queue, tenant=row.tenant, args=row.args,
-        priority=row.priority, idempotency_key=row.idempotency_key,
-        max_attempts=row.max_attempts, timeout=row.timeout,
+        id=row.id,
+        type=row.type,
+        queue=row.queue,
+        tenant=row.tenant,
+        args=row.args,
+        priority=row.priority,
+        idempotency_key=row.idempotency_key,
+        max_attempts=row.max_attempts,
+        timeout=row.timeout,
     )
 
 
@@ -59,7 +66,8 @@ class Relay:
         await self.store.mark_published(marks)
         for row, ok in zip(rows, confirmed, strict=True):
             if ok:
-                self.metrics.relay_published.labels("submission" if row.attempt == 0 else "retry").inc()
+                cause = "submission" if row.attempt == 0 else "retry"
+                self.metrics.relay_published.labels(cause).inc()
         log.debug("relay_published", due=len(rows), confirmed=len(marks))
         return len(rows)
 
@@ -68,9 +76,7 @@ class Relay:
         rows = await self.store.reap_expired()
         for row in rows:
             status = row["status"]
-            log.info(
-                "lease_expired", job_id=row["id"], attempt=row["attempt"], next_status=status
-            )
+            log.info("lease_expired", job_id=row["id"], attempt=row["attempt"], next_status=status)
             if status == "retrying":
                 self.metrics.redeliveries.labels("lease_expired").inc()
             elif status == "dead":
@@ -78,8 +84,11 @@ class Relay:
                 body = json.dumps({"type": row["type"], "args": row["args"]}).encode()
                 try:
                     await self.broker.publish_dead(
-                        body, reason="max_attempts", detail=row["error_message"] or "",
-                        headers={}, message_id=row["id"],
+                        body,
+                        reason="max_attempts",
+                        detail=row["error_message"] or "",
+                        headers={},
+                        message_id=row["id"],
                         original_routing_key=f"{row['queue']}.{row['tenant']}",
                     )
                 except BrokerUnavailable as exc:
@@ -107,15 +116,8 @@ async def run_periodically(
         except (DatabaseUnavailable, BrokerUnavailable) as exc:
             log.warning("loop_step_failed", loop=name, error=str(exc), retry_in=backoff)
             backoff = min(backoff * 2, 30.0)
-            await _sleep_unless(stop, backoff)
+            await sleep_unless(stop, backoff)
             continue
         backoff = interval
         if done < full_batch:
-            await _sleep_unless(stop, interval)
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass
+            await sleep_unless(stop, interval)

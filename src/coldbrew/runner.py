@@ -9,6 +9,7 @@ acked as a duplicate and not run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import random
@@ -39,6 +40,7 @@ from coldbrew.store import ClaimRequest, ClaimResult, JobStore, Outcome, RawJSON
 log = structlog.get_logger("coldbrew.runner")
 T = TypeVar("T")
 
+
 class JobRunner:
     """Everything needed to run one claimed job; shared by all of a worker's jobs."""
 
@@ -68,7 +70,7 @@ class JobRunner:
         # Jobs that may outlive RabbitMQ's consumer_timeout are acked once claimed:
         # the lease, not the delivery, then guards them (SEMANTICS §1, README).
         broker_timeout = settings.broker_consumer_timeout_seconds
-        self._late_ack_limit = broker_timeout - 60.0 if broker_timeout > 120 else broker_timeout / 2
+        self.late_ack_limit = broker_timeout - 60.0 if broker_timeout > 120 else broker_timeout / 2
 
     # --- one delivery -------------------------------------------------------------
 
@@ -83,7 +85,7 @@ class JobRunner:
             await self._not_claimed(delivery, claim)
             return
         state = JobState(claim.id, claim.attempt, delivery, time.monotonic())
-        if claim.timeout is None or claim.timeout > self._late_ack_limit:
+        if claim.timeout is not None and claim.timeout > self.late_ack_limit:
             state.acked = await settle(message)
         self.inflight.add(state)
         handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
@@ -201,10 +203,9 @@ class JobRunner:
         if state.in_process and self.pool is not None:
             self.pool.cancel(state.id)
         elif state.scope is not None:
-            try:
+            # RuntimeError: the scope already exited, the job is finishing anyway
+            with contextlib.suppress(RuntimeError):
                 state.scope.reschedule(asyncio.get_running_loop().time())
-            except RuntimeError:  # the scope already exited: the job is finishing anyway
-                pass
 
     async def _stopped(self, state: JobState, ctx: Context) -> Outcome | str:
         reason = state.stop_reason or "cancelled"
@@ -218,7 +219,10 @@ class JobRunner:
             except Exception as exc:  # noqa: BLE001 - a failing hook must not lose the cancel
                 log.warning("on_cancel_hook_failed", job_id=state.id, error=repr(exc))
         return Outcome(
-            state.id, state.attempt, "cancelled", error_kind="cancelled",
+            state.id,
+            state.attempt,
+            "cancelled",
+            error_kind="cancelled",
             error_message=reason.removeprefix("cancelled: "),
         )
 
@@ -227,7 +231,10 @@ class JobRunner:
             encoded = RawJSON(json.dumps(result))
         except (TypeError, ValueError) as exc:
             return Outcome(
-                state.id, state.attempt, "failed", error_kind="unserializable_result",
+                state.id,
+                state.attempt,
+                "failed",
+                error_kind="unserializable_result",
                 error_message=f"the job's return value is not JSON: {exc}",
             )
         return Outcome(state.id, state.attempt, "succeeded", result=encoded)
@@ -243,17 +250,30 @@ class JobRunner:
             dont_retry_on=spec.dont_retry_on,
         )
         decision = retry.decide(
-            policy, exc, attempt=state.attempt, first_started_at=claim.started_at,
-            now=datetime.now(UTC), rand=self._rand.random,
+            policy,
+            exc,
+            attempt=state.attempt,
+            first_started_at=claim.started_at,
+            now=datetime.now(UTC),
+            rand=self._rand.random,
         )
         log.info(
-            "job_failed", job_id=state.id, type=spec.name, attempt=state.attempt,
-            error_kind=decision.error_kind, error=decision.error_message,
-            next_status=str(decision.status), retry_in=round(decision.delay, 3),
+            "job_failed",
+            job_id=state.id,
+            type=spec.name,
+            attempt=state.attempt,
+            error_kind=decision.error_kind,
+            error=decision.error_message,
+            next_status=str(decision.status),
+            retry_in=round(decision.delay, 3),
         )
         return Outcome(
-            state.id, state.attempt, str(decision.status), error_kind=decision.error_kind,
-            error_message=decision.error_message, delay=decision.delay,
+            state.id,
+            state.attempt,
+            str(decision.status),
+            error_kind=decision.error_kind,
+            error_message=decision.error_message,
+            delay=decision.delay,
             dead_reason=decision.reason,
         )
 
@@ -276,7 +296,7 @@ class JobRunner:
             handles.finish("released", elapsed)
             await self._settle(state, requeue=True)
             return
-        assert isinstance(outcome, Outcome)  # noqa: S101 - narrowed by the two returns above
+        assert isinstance(outcome, Outcome)
         if state.progress is not None:  # reported after the last flush: write it with the outcome
             outcome = dataclasses.replace(
                 outcome, progress=state.progress[0], progress_message=state.progress[1]
@@ -294,9 +314,20 @@ class JobRunner:
             if outcome.status == "retrying":
                 handles.retries.inc()
             elif outcome.status == "dead":
-                await self._publish_dead(delivery, outcome.dead_reason or "dead", outcome.error_message or "")
+                await self._publish_dead(
+                    delivery, outcome.dead_reason or "dead", outcome.error_message or ""
+                )
         log.debug("job_finished", job_id=state.id, status=outcome.status, seconds=round(elapsed, 4))
         await self._settle(state)
+
+    async def ack_if_old(self, state: JobState, now: float) -> None:
+        """Ack a held job's delivery before RabbitMQ's consumer_timeout would close the channel.
+
+        Covers jobs that became long only in practice (waiting for a pool
+        child, or no declared timeout); from here the lease guards them.
+        """
+        if not state.acked and now - state.started > self.late_ack_limit:
+            await self._settle(state)
 
     async def _settle(self, state: JobState, *, requeue: bool | None = None) -> None:
         if not state.acked:
@@ -309,8 +340,12 @@ class JobRunner:
         message = delivery.message
         try:
             await self.broker.publish_dead(
-                message.body, reason=reason, detail=detail, headers=message.headers or {},
-                message_id=delivery.envelope.job_id, original_routing_key=message.routing_key or "",
+                message.body,
+                reason=reason,
+                detail=detail,
+                headers=message.headers or {},
+                message_id=delivery.envelope.job_id,
+                original_routing_key=message.routing_key or "",
             )
         except BrokerUnavailable as exc:
             log.warning("dead_copy_not_published", job_id=delivery.envelope.job_id, error=str(exc))
@@ -335,5 +370,3 @@ class JobRunner:
                 return None
             self._on_db_health(True)
             return result
-
-

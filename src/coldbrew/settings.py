@@ -13,7 +13,7 @@ import re
 import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -31,17 +31,24 @@ NAME_PATTERN = r"^[a-z0-9_-]{1,64}$"
 NAMESPACE_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
 
 
+_SECRET_PARAMS = frozenset({"password", "sslpassword"})
+
+
 def mask_url(url: str) -> str:
-    """Return ``url`` with its password replaced by ``***`` (for messages and logs)."""
+    """Return ``url`` with its password (userinfo or libpq ``?password=``) shown as ``***``."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    masked = parts
+    if parts.password is not None:
+        host = parts.netloc.rsplit("@", 1)[1]
+        masked = masked._replace(netloc=f"{parts.username or ''}:***@{host}")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(key.lower() in _SECRET_PARAMS for key, _ in query):
+        query = [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in query]
+        masked = masked._replace(query=urlencode(query, safe="*"))
+    return url if masked is parts else urlunsplit(masked)
 
 
 class _FileSecretsSource(PydanticBaseSettingsSource):
@@ -165,7 +172,9 @@ class Settings(BaseSettings):
                 f"half of COLDBREW_LEASE_SECONDS ({self.lease_seconds:g})"
             )
         if self.retry_base_seconds > self.retry_max_seconds:
-            raise ValueError("COLDBREW_RETRY_BASE_SECONDS must not exceed COLDBREW_RETRY_MAX_SECONDS")
+            raise ValueError(
+                "COLDBREW_RETRY_BASE_SECONDS must not exceed COLDBREW_RETRY_MAX_SECONDS"
+            )
         return self
 
     @property
@@ -195,6 +204,8 @@ def _describe(exc: ValidationError) -> str:
         if loc:
             name = f"{ENV_PREFIX}{loc[0].upper()}"
             given = error.get("input")
+            if isinstance(given, str):
+                given = mask_url(given)
             shown = "" if isinstance(given, dict) else f" (got {given!r})"
             problems.append(f"{name}: {error['msg']}{shown}")
         else:

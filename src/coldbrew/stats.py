@@ -10,6 +10,7 @@ their own series, the rest are summed as ``other``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 
 from coldbrew.metrics import Metrics
@@ -31,19 +32,19 @@ def cap_tenants(rows: Sequence[QueueStats], max_tenants: int) -> list[QueueStats
             continue
         prev = folded.get(row.queue)
         if prev is None:
-            folded[row.queue] = QueueStats(**{**_fields(row), "tenant": OTHER})
+            folded[row.queue] = dataclasses.replace(row, tenant=OTHER)
         else:
             folded[row.queue] = QueueStats(
-                queue=row.queue, tenant=OTHER, queued=prev.queued + row.queued,
-                running=prev.running + row.running, retrying=prev.retrying + row.retrying,
-                dead=prev.dead + row.dead, failed=prev.failed + row.failed,
+                queue=row.queue,
+                tenant=OTHER,
+                queued=prev.queued + row.queued,
+                running=prev.running + row.running,
+                retrying=prev.retrying + row.retrying,
+                dead=prev.dead + row.dead,
+                failed=prev.failed + row.failed,
                 oldest_waiting_seconds=max(prev.oldest_waiting_seconds, row.oldest_waiting_seconds),
             )
     return kept + list(folded.values())
-
-
-def _fields(row: QueueStats) -> dict[str, object]:
-    return {name: getattr(row, name) for name in QueueStats.__dataclass_fields__}
 
 
 class StatsSnapshot:
@@ -69,18 +70,26 @@ class StatsSnapshot:
     def register(self, metrics: Metrics) -> None:
         labels = ("queue", "tenant")
         metrics.add_scrape_callback(
-            "coldbrew_queue_depth", "Jobs waiting (queued or retrying), from the job table.",
-            labels, self._depth,
+            "coldbrew_queue_depth",
+            "Jobs waiting (queued or retrying), from the job table.",
+            labels,
+            self._depth,
         )
         metrics.add_scrape_callback(
-            "coldbrew_oldest_job_age_seconds", "Age of the oldest waiting job.", labels,
+            "coldbrew_oldest_job_age_seconds",
+            "Age of the oldest waiting job.",
+            labels,
             lambda: self._series("oldest_waiting_seconds"),
         )
         metrics.add_scrape_callback(
-            "coldbrew_jobs_running", "Jobs running across the fleet.", labels,
+            "coldbrew_jobs_running",
+            "Jobs running across the fleet.",
+            labels,
             lambda: self._series("running"),
         )
         metrics.add_scrape_callback(
-            "coldbrew_dead_jobs", "Jobs currently dead (in the dead letters).", labels,
+            "coldbrew_dead_jobs",
+            "Jobs currently dead (in the dead letters).",
+            labels,
             lambda: self._series("dead"),
         )

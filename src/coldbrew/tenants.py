@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
+from coldbrew.aio import sleep_unless
 from coldbrew.broker import Broker, settle
 from coldbrew.errors import BrokerUnavailable, ContractViolation, DatabaseUnavailable
 from coldbrew.metrics import Metrics
@@ -92,7 +93,7 @@ class TenantQueues:
                     await self._follow(stop, resync_seconds, conn.is_closed)
             except (DatabaseUnavailable, BrokerUnavailable, OSError) as exc:
                 log.warning("tenant_watch_interrupted", error=str(exc))
-                await _wait(stop, min(resync_seconds, 5.0))
+                await sleep_unless(stop, min(resync_seconds, 5.0))
 
     async def _follow(
         self, stop: asyncio.Event, resync_seconds: float, closed: Callable[[], bool]
@@ -116,10 +117,3 @@ class TenantQueues:
                 log.warning("tenant_notify_ignored", payload=payload[:200])
                 continue
             await self._on_queue(queue, tenant)
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass

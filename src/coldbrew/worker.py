@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 from prometheus_client import CollectorRegistry
 
+from coldbrew.aio import sleep_unless
 from coldbrew.app import App
 from coldbrew.breaker import Breakers
 from coldbrew.broker import Broker, settle
@@ -43,6 +45,18 @@ from coldbrew.tenants import TenantQueues
 from coldbrew.topology import Topology
 
 log = structlog.get_logger("coldbrew.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """What ``run()`` opened; the loops and callbacks use these."""
+
+    store: JobStore
+    broker: Broker
+    runner: JobRunner
+    tenants: TenantQueues
+    stats: StatsSnapshot
+
 
 Reject = tuple[AbstractIncomingMessage, ContractViolation]
 
@@ -74,9 +88,7 @@ class Worker:
         self._rejects: asyncio.Queue[Reject] = asyncio.Queue()
         self._consumed: set[tuple[str, str]] = set()
         self._fatal: BaseException | None = None
-        self._store: JobStore | None = None
-        self._broker: Broker | None = None
-        self._runner: JobRunner | None = None
+        self._started: _Parts | None = None
 
     # --- control ------------------------------------------------------------------
 
@@ -105,7 +117,9 @@ class Worker:
                     await self._consume_all()
                     self.ready.set()
                     log.info(
-                        "worker_ready", worker_id=self.settings.worker_id, lanes=self.lanes,
+                        "worker_ready",
+                        worker_id=self.settings.worker_id,
+                        lanes=self.lanes,
                         concurrency=self.settings.concurrency,
                         processes=self.settings.processes if self.app.needs_process_pool else 0,
                     )
@@ -121,96 +135,147 @@ class Worker:
     async def _start(self, stack: AsyncExitStack) -> None:
         settings = self.settings
         store = await stack.enter_async_context(
-            JobStore.open(settings.database_url, settings.namespace, pool_size=settings.db_pool_size)
+            JobStore.open(
+                settings.database_url, settings.namespace, pool_size=settings.db_pool_size
+            )
         )
         await store.check_schema()
         store.configure_claims(lease_seconds=settings.lease_seconds, worker_id=settings.worker_id)
         broker = Broker(
-            settings.amqp_url, self.topology, name=f"coldbrew-worker:{settings.worker_id}",
+            settings.amqp_url,
+            self.topology,
+            name=f"coldbrew-worker:{settings.worker_id}",
             heartbeat=settings.amqp_heartbeat_seconds,
         )
         await broker.connect(prefetch=settings.effective_prefetch)
         stack.push_async_callback(broker.close)
-        pool = None
-        if self.app.needs_process_pool:
-            pooled = sorted(s.name for s in self.app.jobs.values() if s.runs_in_process)
-            if settings.processes == 0:
-                raise ConfigurationError(
-                    f"COLDBREW_PROCESSES is 0 but {', '.join(pooled)} run in the process pool"
-                )
-            if self.app.ref is None:
-                raise ConfigurationError(
-                    "process-pool jobs need an app loaded by reference (coldbrew.app.load_app)"
-                )
-            pool = ProcessPool(settings.processes, self.app.ref)
-            await pool.start()
-            stack.push_async_callback(pool.close, settings.shutdown_grace_seconds)
+        pool = await self._open_pool(stack)
         server = MetricsServer(  # port 0 picks a free port (tests, several workers per host)
-            settings.metrics_host, settings.metrics_port, self.metrics.registry,
-            is_healthy=self._health, is_ready=self._readiness,
+            settings.metrics_host,
+            settings.metrics_port,
+            self.metrics.registry,
+            is_healthy=self._health,
+            is_ready=self._readiness,
         )
         await stack.enter_async_context(server)
         self.metrics_port = server.port
-        self._store, self._broker = store, broker
+        self._started = self._build_parts(store, broker, pool)
+
+    async def _open_pool(self, stack: AsyncExitStack) -> ProcessPool | None:
+        """The process pool, when the app has plain-function jobs."""
+        settings = self.settings
+        if not self.app.needs_process_pool:
+            return None
+        pooled = sorted(s.name for s in self.app.jobs.values() if s.runs_in_process)
+        if settings.processes == 0:
+            raise ConfigurationError(
+                f"COLDBREW_PROCESSES is 0 but {', '.join(pooled)} run in the process pool"
+            )
+        if self.app.ref is None:
+            raise ConfigurationError(
+                "process-pool jobs need an app loaded by reference (coldbrew.app.load_app)"
+            )
+        pool = ProcessPool(settings.processes, self.app.ref)
+        await pool.start()
+        stack.push_async_callback(pool.close, settings.shutdown_grace_seconds)
+        return pool
+
+    def _build_parts(self, store: JobStore, broker: Broker, pool: ProcessPool | None) -> _Parts:
+        settings = self.settings
         breakers = Breakers(
             failure_threshold=settings.breaker_failure_threshold,
             reset_seconds=settings.breaker_reset_seconds,
             on_state=self.metrics.set_breaker_state,
         )
-        self._runner = JobRunner(
-            settings=settings, store=store, broker=broker, pool=pool, metrics=self.metrics,
-            inflight=self.inflight, is_stopping=lambda: self._closing,
-            on_db_health=self._set_db_ok, breakers=breakers,
+        runner = JobRunner(
+            settings=settings,
+            store=store,
+            broker=broker,
+            pool=pool,
+            metrics=self.metrics,
+            inflight=self.inflight,
+            is_stopping=lambda: self._closing,
+            on_db_health=self._set_db_ok,
+            breakers=breakers,
         )
-        self._stats = StatsSnapshot(store, max_tenants=settings.metrics_max_tenants)
-        self._stats.register(self.metrics)
-        self._tenants = TenantQueues(
-            store=store, broker=broker, topology=self.topology, metrics=self.metrics,
-            on_queue=self._consume_tenant, on_reject=self._reject,
+        stats = StatsSnapshot(store, max_tenants=settings.metrics_max_tenants)
+        stats.register(self.metrics)
+        tenants = TenantQueues(
+            store=store,
+            broker=broker,
+            topology=self.topology,
+            metrics=self.metrics,
+            on_queue=self._consume_tenant,
+            on_reject=self._reject,
         )
+        return _Parts(store, broker, runner, tenants, stats)
+
+    @property
+    def _parts(self) -> _Parts:
+        if self._started is None:
+            raise RuntimeError("the worker's parts are used before run() opened them")
+        return self._started
 
     def _start_loops(self, group: asyncio.TaskGroup) -> None:
-        assert self._store is not None and self._broker is not None  # noqa: S101 - set by _start
-        relay = Relay(self._store, self._broker, self.metrics)
+        relay = Relay(self._parts.store, self._parts.broker, self.metrics)
         stop = self._loops_stop
         settings = self.settings
         group.create_task(
-            run_periodically("relay", relay.publish_due, interval=settings.relay_interval_seconds,
-                             stop=stop, full_batch=relay.batch), name="relay")
+            run_periodically(
+                "relay",
+                relay.publish_due,
+                interval=settings.relay_interval_seconds,
+                stop=stop,
+                full_batch=relay.batch,
+            ),
+            name="relay",
+        )
         group.create_task(
-            run_periodically("reaper", relay.reap_expired,
-                             interval=settings.reaper_interval_seconds, stop=stop, full_batch=500),
-            name="reaper")
+            run_periodically(
+                "reaper",
+                relay.reap_expired,
+                interval=settings.reaper_interval_seconds,
+                stop=stop,
+                full_batch=500,
+            ),
+            name="reaper",
+        )
         group.create_task(self._heartbeat_loop(), name="heartbeat")
         group.create_task(self._reject_loop(), name="dead-letters")
         group.create_task(self._health_loop(), name="db-health")
         group.create_task(
-            run_periodically("stats", self._stats.refresh,
-                             interval=settings.stats_interval_seconds, stop=stop, full_batch=1),
-            name="stats")
+            run_periodically(
+                "stats",
+                self._parts.stats.refresh,
+                interval=settings.stats_interval_seconds,
+                stop=stop,
+                full_batch=1,
+            ),
+            name="stats",
+        )
         group.create_task(
-            self._tenants.watch(stop, settings.tenant_resync_seconds), name="tenant-watch"
+            self._parts.tenants.watch(stop, settings.tenant_resync_seconds), name="tenant-watch"
         )
 
     async def _consume_all(self) -> None:
-        assert self._broker is not None  # noqa: S101 - set by _start
         for lane in self.lanes:
-            await self._tenants.ensure(lane, "default")
-        await self._tenants.sync()
-        await self._broker.consume(
-            self.topology.unrouted_queue, self.topology.unrouted_queue_arguments(),
-            self._tenants.on_unrouted,
+            await self._parts.tenants.ensure(lane, "default")
+        await self._parts.tenants.sync()
+        await self._parts.broker.consume(
+            self.topology.unrouted_queue,
+            self.topology.unrouted_queue_arguments(),
+            self._parts.tenants.on_unrouted,
         )
 
     async def _consume_tenant(self, queue: str, tenant: str) -> None:
         """Consume one (lane, tenant) queue if it is one of our lanes (idempotent)."""
         if queue not in self.lanes or (queue, tenant) in self._consumed or self._closing:
             return
-        assert self._broker is not None  # noqa: S101 - set by _start
         self._consumed.add((queue, tenant))
         try:
-            await self._broker.consume(
-                self.topology.job_queue(queue, tenant), self.topology.job_queue_arguments(),
+            await self._parts.broker.consume(
+                self.topology.job_queue(queue, tenant),
+                self.topology.job_queue_arguments(),
                 self._on_message,
             )
         except BaseException:
@@ -261,8 +326,7 @@ class Worker:
             if pending is None:
                 return
             self._running += 1
-            assert self._runner is not None  # noqa: S101 - set by _start
-            task = asyncio.create_task(self._runner.process(pending.payload))
+            task = asyncio.create_task(self._parts.runner.process(pending.payload))
             self._tasks.add(task)
             task.add_done_callback(self._job_done)
 
@@ -296,19 +360,28 @@ class Worker:
             await settle(message, requeue=True)
 
     async def _dead_letter(self, batch: list[Reject]) -> None:
-        assert self._store is not None and self._broker is not None  # noqa: S101
         rows = [
-            (v.reason, v.detail, m.message_id, m.routing_key or "", _json_headers(m.headers), m.body)
+            (
+                v.reason,
+                v.detail,
+                m.message_id,
+                m.routing_key or "",
+                _json_headers(m.headers),
+                m.body,
+            )
             for m, v in batch
         ]
         delay = 0.2
         while True:
             try:
-                await self._store.insert_rejected(rows)
+                await self._parts.store.insert_rejected(rows)
                 for message, violation in batch:
-                    await self._broker.publish_dead(
-                        message.body, reason=violation.reason, detail=violation.detail,
-                        headers=message.headers or {}, message_id=message.message_id,
+                    await self._parts.broker.publish_dead(
+                        message.body,
+                        reason=violation.reason,
+                        detail=violation.detail,
+                        headers=message.headers or {},
+                        message_id=message.message_id,
                         original_routing_key=message.routing_key or "",
                     )
                 break
@@ -321,8 +394,11 @@ class Worker:
         for message, violation in batch:
             self.metrics.dead_letters.labels(violation.reason).inc()
             log.warning(
-                "message_rejected", reason=violation.reason, detail=violation.detail[:300],
-                message_id=message.message_id, routing_key=message.routing_key,
+                "message_rejected",
+                reason=violation.reason,
+                detail=violation.detail[:300],
+                message_id=message.message_id,
+                routing_key=message.routing_key,
             )
             await settle(message)
 
@@ -335,7 +411,7 @@ class Worker:
         tick = min(settings.progress_flush_seconds, settings.heartbeat_seconds)
         next_beat = loop.time() + settings.heartbeat_seconds
         while not self._loops_stop.is_set():
-            await _sleep_unless(self._loops_stop, tick)
+            await sleep_unless(self._loops_stop, tick)
             try:
                 await self._flush_progress()
                 now = loop.time()
@@ -348,17 +424,16 @@ class Worker:
                 log.warning("heartbeat_failed", error=str(exc))
 
     async def _flush_progress(self) -> None:
-        assert self._store is not None  # noqa: S101
         updates = self.inflight.take_progress()
         if updates:
-            await self._store.write_progress(updates)
+            await self._parts.store.write_progress(updates)
 
     async def _extend_leases(self) -> None:
-        assert self._store is not None and self._runner is not None  # noqa: S101
         held = self.inflight.held()
         if not held:
             return
-        alive = await self._store.extend_leases(held, self.settings.lease_seconds)
+        alive = await self._parts.store.extend_leases(held, self.settings.lease_seconds)
+        now = time.monotonic()
         self.metrics.lease_extensions.inc(len(alive))
         for job_id, attempt in held:
             state = self.inflight.get(job_id)
@@ -367,20 +442,21 @@ class Worker:
             if job_id not in alive:
                 self.metrics.leases_lost.inc()
                 log.warning("lease_lost", job_id=job_id, attempt=attempt)
-                self._runner.stop(state, "fenced")
+                self._parts.runner.stop(state, "fenced")
             elif (reason := alive[job_id]) is not None:
                 log.info("job_cancel_requested", job_id=job_id, reason=reason)
-                self._runner.stop(state, f"cancelled: {reason}")
+                self._parts.runner.stop(state, f"cancelled: {reason}")
+            else:
+                await self._parts.runner.ack_if_old(state, now)
 
     async def _health_loop(self) -> None:
-        assert self._store is not None  # noqa: S101
         while not self._loops_stop.is_set():
             try:
-                await self._store.ping()
+                await self._parts.store.ping()
                 self._set_db_ok(True)
             except DatabaseUnavailable:
                 self._set_db_ok(False)
-            await _sleep_unless(self._loops_stop, 5.0)
+            await sleep_unless(self._loops_stop, 5.0)
 
     def _set_db_ok(self, ok: bool) -> None:
         if ok != self._db_ok:
@@ -397,7 +473,7 @@ class Worker:
             return False, "draining"
         if not self.ready.is_set():
             return False, "starting"
-        if self._broker is None or not self._broker.connected:
+        if self._started is None or not self._started.broker.connected:
             return False, "RabbitMQ connection lost; reconnecting"
         if not self._db_ok:
             return False, "PostgreSQL unreachable"
@@ -407,11 +483,10 @@ class Worker:
 
     async def _drain(self) -> None:
         """Stop consuming, finish or release in-flight jobs, requeue held deliveries."""
-        assert self._broker is not None and self._runner is not None  # noqa: S101
         self._closing = True
         self.ready.clear()
         log.info("worker_draining", in_flight=len(self._tasks), held=len(self.scheduler))
-        await self._broker.cancel_consumers()
+        await self._parts.broker.cancel_consumers()
         for pending in self.scheduler.drain():
             await settle(pending.payload.message, requeue=True)
         grace = self.settings.shutdown_grace_seconds
@@ -420,7 +495,7 @@ class Worker:
         if self._tasks:
             log.info("releasing_jobs", count=len(self.inflight))
             for state in self.inflight.states():
-                self._runner.stop(state, "released")
+                self._parts.runner.stop(state, "released")
             await asyncio.wait(set(self._tasks), timeout=15.0)
         for task in list(self._tasks):
             task.cancel()
@@ -441,10 +516,3 @@ def _json_headers(headers: Any) -> dict[str, Any] | None:
         else:
             safe[key] = repr(value)
     return safe
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass

@@ -22,9 +22,23 @@ from tests.conftest import free_port, make_settings, new_namespace, wait_until, 
 
 ROOT = Path(__file__).resolve().parents[2]
 STATUS_KEYS = {
-    "id", "type", "queue", "tenant", "status", "priority", "attempt", "max_attempts",
-    "progress", "progress_message", "result", "error", "created_at", "started_at",
-    "finished_at", "run_at", "cancel_requested",
+    "id",
+    "type",
+    "queue",
+    "tenant",
+    "status",
+    "priority",
+    "attempt",
+    "max_attempts",
+    "progress",
+    "progress_message",
+    "result",
+    "error",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "run_at",
+    "cancel_requested",
 }
 
 
@@ -39,8 +53,13 @@ def run_cli_sync(
     env: dict[str, str], *args: str, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "coldbrew", *args], env=env, cwd=ROOT,
-        capture_output=True, text=True, timeout=timeout, check=False,
+        [sys.executable, "-m", "coldbrew", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -83,7 +102,10 @@ def spawn_worker(settings: Settings, log: Path, **extra: str) -> WorkerProcess:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "coldbrew", "worker", "tests.apps:app"],
-            env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     return WorkerProcess(proc, port, log)
 

@@ -25,7 +25,9 @@ async def test_sigterm_finishes_short_jobs_and_releases_long_ones(
 ) -> None:
     """SIGTERM lets short jobs finish, releases long ones to another worker at once, exits 0."""
     drain = make_settings(
-        settings.namespace, lease_seconds=LEASE, heartbeat_seconds=5.0,
+        settings.namespace,
+        lease_seconds=LEASE,
+        heartbeat_seconds=5.0,
         shutdown_grace_seconds=GRACE,
     )
     conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": settings.namespace})
@@ -34,7 +36,8 @@ async def test_sigterm_finishes_short_jobs_and_releases_long_ones(
     async def jobs(ids: list[str]) -> dict[str, asyncpg.Record]:
         rows = await conn.fetch(
             "SELECT id, status::text AS status, attempt, worker_id, finished_at FROM jobs"
-            " WHERE id = any($1::text[])", ids,
+            " WHERE id = any($1::text[])",
+            ids,
         )
         return {row["id"]: row for row in rows}
 
@@ -53,7 +56,8 @@ async def test_sigterm_finishes_short_jobs_and_releases_long_ones(
         workers.append(a)
         async with Client.connect(drain) as client:
             long_ids = [
-                job.id for job in await asyncio.gather(
+                job.id
+                for job in await asyncio.gather(
                     *(client.submit("sleep_for", {"seconds": LONG}) for _ in range(3))
                 )
             ]
@@ -63,9 +67,12 @@ async def test_sigterm_finishes_short_jobs_and_releases_long_ones(
             )
             workers.append(b)
             short_ids = [
-                job.id for job in await asyncio.gather(
-                    *(client.submit("sleep_for", {"seconds": SHORT}, queue="short")
-                      for _ in range(5))
+                job.id
+                for job in await asyncio.gather(
+                    *(
+                        client.submit("sleep_for", {"seconds": SHORT}, queue="short")
+                        for _ in range(5)
+                    )
                 )
             ]
         every = long_ids + short_ids
@@ -94,7 +101,6 @@ async def test_sigterm_finishes_short_jobs_and_releases_long_ones(
 
         await wait_until(lambda: all_running_on(long_ids, "drain-b"), timeout=LEASE)
         handed_over = time.monotonic() - exited
-        print("HANDOVER", handed_over, "EXIT", exited - started)
         assert handed_over < 3.0, f"released jobs restarted {handed_over:.1f} s after A exited"
         assert all(row["attempt"] == 2 for row in (await jobs(long_ids)).values())
 

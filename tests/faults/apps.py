@@ -18,14 +18,17 @@ async def work(ctx: Context, seconds: float) -> dict[str, int]:
         if conn is not None:
             await conn.execute(
                 "INSERT INTO fault_attempts (job_id, attempt, pid) VALUES ($1, $2, $3)",
-                ctx.job_id, ctx.attempt, os.getpid(),
+                ctx.job_id,
+                ctx.attempt,
+                os.getpid(),
             )
     await asyncio.sleep(seconds)
     async with ctx.once_in_transaction("effect") as conn:
         if conn is not None:
             await conn.execute(
                 "INSERT INTO fault_effects (job_id, attempt) VALUES ($1, $2)",
-                ctx.job_id, ctx.attempt,
+                ctx.job_id,
+                ctx.attempt,
             )
     return {"attempt": ctx.attempt}
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import subprocess
@@ -47,9 +46,12 @@ class Fleet:
     events: list[tuple[float, str, int]] = field(default_factory=list)  # (time, what, pid)
 
     def env(self, port: int) -> dict[str, str]:
-        env = worker_env(self.settings, COLDBREW_METRICS_PORT=str(port),
-                         FAULT_EFFECTS_DIR=str(self.effects_dir),
-                         COLDBREW_LOG_LEVEL="warning")
+        env = worker_env(
+            self.settings,
+            COLDBREW_METRICS_PORT=str(port),
+            FAULT_EFFECTS_DIR=str(self.effects_dir),
+            COLDBREW_LOG_LEVEL="warning",
+        )
         env["PYTHONPATH"] = str(REPO)
         return env
 
@@ -59,7 +61,10 @@ class Fleet:
         with log.open("wb") as sink:
             process = subprocess.Popen(  # noqa: S603 - our own CLI
                 [sys.executable, "-m", "coldbrew", "worker", FAULT_APP],
-                env=self.env(port), stdout=sink, stderr=subprocess.STDOUT, cwd=REPO,
+                env=self.env(port),
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
             )
         worker = WorkerProcess(process, port, log)
         self.workers.append(worker)
@@ -70,8 +75,9 @@ class Fleet:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if worker.process.poll() is not None:
-                raise AssertionError(f"worker exited {worker.process.returncode}: "
-                                     f"{worker.log.read_text()[-2000:]}")
+                raise AssertionError(
+                    f"worker exited {worker.process.returncode}: {worker.log.read_text()[-2000:]}"
+                )
             if await asyncio.to_thread(_ready, worker.port):
                 return
             await asyncio.sleep(0.1)
@@ -135,8 +141,9 @@ async def submit_load(client: Client, count: int, rng: random.Random) -> list[st
         if index % 10 == 9:
             job = await client.submit("crunch", {"seconds": round(rng.uniform(0.1, 1.5), 2)})
         else:
-            job = await client.submit("work", {"seconds": round(rng.uniform(0.1, 5.0), 2)},
-                                      tenant=f"t{index % 7}")
+            job = await client.submit(
+                "work", {"seconds": round(rng.uniform(0.1, 5.0), 2)}, tenant=f"t{index % 7}"
+            )
         ids.append(job.id)
     return ids
 
@@ -149,7 +156,8 @@ async def wait_all_terminal(namespace: str, ids: list[str], timeout: float) -> f
         while True:
             waiting = await conn.fetchval(
                 "SELECT count(*) FROM jobs WHERE id = ANY($1) AND status IN"
-                " ('queued', 'running', 'retrying')", ids,
+                " ('queued', 'running', 'retrying')",
+                ids,
             )
             if waiting == 0:
                 return time.monotonic() - started
@@ -157,7 +165,9 @@ async def wait_all_terminal(namespace: str, ids: list[str], timeout: float) -> f
                 rows = await conn.fetch(
                     "SELECT id, type, status, attempt, lease_expires_at, publish_after, run_at"
                     " FROM jobs WHERE id = ANY($1) AND status IN ('queued','running','retrying')"
-                    " LIMIT 10", ids)
+                    " LIMIT 10",
+                    ids,
+                )
                 raise AssertionError(f"{waiting} jobs not terminal after {timeout} s: {rows}")
             await asyncio.sleep(0.25)
     finally:
@@ -178,11 +188,15 @@ async def check_guarantees(
     results written by the attempt that holds the row; recovery times after each kill."""
     conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": namespace})
     try:
-        rows = await conn.fetch("SELECT id, type, status, attempt, result FROM jobs WHERE id = ANY($1)", ids)
+        rows = await conn.fetch(
+            "SELECT id, type, status, attempt, result FROM jobs WHERE id = ANY($1)", ids
+        )
         effects = await conn.fetch(
-            "SELECT job_id, count(*) AS n FROM fault_effects GROUP BY job_id")
+            "SELECT job_id, count(*) AS n FROM fault_effects GROUP BY job_id"
+        )
         starts = await conn.fetch(
-            "SELECT job_id, attempt, pid, extract(epoch FROM started_at) AS t FROM fault_attempts")
+            "SELECT job_id, attempt, pid, extract(epoch FROM started_at) AS t FROM fault_attempts"
+        )
     finally:
         await conn.close()
     assert len(rows) == len(ids), "a submitted job has no row"
@@ -199,7 +213,7 @@ async def check_guarantees(
     wrong = {job: effect_count.get(job, 0) for job in work_ids if effect_count.get(job, 0) != 1}
     assert not wrong, f"coroutine effects not exactly once: {list(wrong.items())[:10]}"
     files: dict[str, int] = {}
-    for path in effects_dir.iterdir():
+    for path in await asyncio.to_thread(lambda: list(effects_dir.iterdir())):
         job = path.name.rsplit(".", 1)[0]
         files[job] = files.get(job, 0) + 1
     twice = {job: n for job, n in files.items() if n > 1}

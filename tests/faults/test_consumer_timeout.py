@@ -23,7 +23,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(200)]
 def set_consumer_timeout(ms: int) -> None:
     subprocess.run(
         ["rabbitmqctl", "-q", "eval", f"application:set_env(rabbit, consumer_timeout, {ms})."],
-        check=True, timeout=60, capture_output=True,
+        check=True,
+        timeout=60,
+        capture_output=True,
     )
 
 
@@ -47,7 +49,12 @@ async def test_long_job_survives_a_short_consumer_timeout(
     assert done.status == "succeeded"
     assert done.attempt == 1
     registry = worker.metrics.registry
-    assert (registry.get_sample_value("coldbrew_redeliveries_total", {"cause": "broker_flag"})
-            or 0) == 0
-    assert (registry.get_sample_value(
-        "coldbrew_jobs_started_total", {"queue": "default", "type": "sleep_for"}) or 0) == 1
+    assert (
+        registry.get_sample_value("coldbrew_redeliveries_total", {"cause": "broker_flag"}) or 0
+    ) == 0
+    assert (
+        registry.get_sample_value(
+            "coldbrew_jobs_started_total", {"queue": "default", "type": "sleep_for"}
+        )
+        or 0
+    ) == 1

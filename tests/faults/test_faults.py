@@ -45,9 +45,14 @@ RECOVERY_BOUND = LEASE + REAPER + 5.0
 async def fault_settings(settings: Settings) -> Settings:
     await prepare_tables(settings.namespace)
     return make_settings(
-        settings.namespace, lease_seconds=LEASE, heartbeat_seconds=1.0,
-        reaper_interval_seconds=REAPER, concurrency=100, processes=2,
-        shutdown_grace_seconds=2.0, amqp_heartbeat_seconds=2,
+        settings.namespace,
+        lease_seconds=LEASE,
+        heartbeat_seconds=1.0,
+        reaper_interval_seconds=REAPER,
+        concurrency=100,
+        processes=2,
+        shutdown_grace_seconds=2.0,
+        amqp_heartbeat_seconds=2,
     )
 
 
@@ -88,16 +93,22 @@ async def test_kill_9_random_workers(fleet: Fleet, capsys: pytest.CaptureFixture
         await fleet.wait_ready(fleet.start_one())
     took = await wait_all_terminal(fleet.settings.namespace, ids, timeout=120)
     verdict = await check_guarantees(fleet.settings.namespace, ids, fleet.effects_dir, kills)
-    report(capsys, "kill-9", kills=len(kills), drained_after_last_kill_s=round(took, 1),
-           statuses=verdict.counts, attempts=verdict.attempts_histogram,
-           recoveries=len(verdict.recoveries),
-           max_recovery_s=round(max(verdict.recoveries, default=0), 2))
+    report(
+        capsys,
+        "kill-9",
+        kills=len(kills),
+        drained_after_last_kill_s=round(took, 1),
+        statuses=verdict.counts,
+        attempts=verdict.attempts_histogram,
+        recoveries=len(verdict.recoveries),
+        max_recovery_s=round(max(verdict.recoveries, default=0), 2),
+    )
     assert verdict.recoveries, "no job was running on a killed worker: the scenario did no harm"
     assert max(verdict.recoveries) <= RECOVERY_BOUND
 
 
 async def test_hung_worker_is_fenced(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
-    """SIGSTOP a worker past its lease, then SIGCONT: its jobs re-run elsewhere, its writes fenced."""
+    """SIGSTOP a worker past its lease, then SIGCONT: its jobs re-run elsewhere, writes fenced."""
     rng = random.Random(11)
     await fleet.start(3)
     ids = await run_load(fleet, rng)
@@ -111,9 +122,15 @@ async def test_hung_worker_is_fenced(fleet: Fleet, capsys: pytest.CaptureFixture
     verdict = await check_guarantees(
         fleet.settings.namespace, ids, fleet.effects_dir, [(stopped_at, victim.pid)]
     )
-    report(capsys, "sigstop", statuses=verdict.counts, attempts=verdict.attempts_histogram,
-           recoveries=len(verdict.recoveries), drained_after_cont_s=round(took, 1),
-           max_recovery_s=round(max(verdict.recoveries, default=0), 2))
+    report(
+        capsys,
+        "sigstop",
+        statuses=verdict.counts,
+        attempts=verdict.attempts_histogram,
+        recoveries=len(verdict.recoveries),
+        drained_after_cont_s=round(took, 1),
+        max_recovery_s=round(max(verdict.recoveries, default=0), 2),
+    )
     assert verdict.recoveries, "no job was running on the stopped worker"
     assert max(verdict.recoveries) <= RECOVERY_BOUND
     assert victim.process.poll() is None, "the woken worker should carry on, not crash"
@@ -143,10 +160,15 @@ async def test_rabbitmq_restart(fleet: Fleet, capsys: pytest.CaptureFixture[str]
     ready_at = time.time()
     took = await wait_all_terminal(fleet.settings.namespace, ids, timeout=150)
     verdict = await check_guarantees(fleet.settings.namespace, ids, fleet.effects_dir, [])
-    report(capsys, "rabbitmq-restart", broker_down_s=round(up_at - down_at, 1),
-           workers_ready_again_s=round(ready_at - up_at, 1),
-           drained_after_restart_s=round(took, 1), statuses=verdict.counts,
-           attempts=verdict.attempts_histogram)
+    report(
+        capsys,
+        "rabbitmq-restart",
+        broker_down_s=round(up_at - down_at, 1),
+        workers_ready_again_s=round(ready_at - up_at, 1),
+        drained_after_restart_s=round(took, 1),
+        statuses=verdict.counts,
+        attempts=verdict.attempts_histogram,
+    )
     assert all(worker.process.poll() is None for worker in fleet.workers)
 
 
@@ -154,13 +176,15 @@ def postgres_restart() -> None:
     version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
     subprocess.run(
         ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
-        check=True, timeout=120, capture_output=True,
+        check=True,
+        timeout=120,
+        capture_output=True,
     )
 
 
 async def test_postgres_restart(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
     """Restart PostgreSQL mid-run: workers ride it out and every job still succeeds once."""
-    if not Path("/etc/postgresql").exists():
+    if not await asyncio.to_thread(Path("/etc/postgresql").exists):
         pytest.fail("this test restarts the local PostgreSQL cluster (pg_ctlcluster)")
     rng = random.Random(17)
     await fleet.start(3)
@@ -171,9 +195,14 @@ async def test_postgres_restart(fleet: Fleet, capsys: pytest.CaptureFixture[str]
     restarted = time.time()
     took = await wait_all_terminal(fleet.settings.namespace, ids, timeout=150)
     verdict = await check_guarantees(fleet.settings.namespace, ids, fleet.effects_dir, [])
-    report(capsys, "postgres-restart", restart_s=round(restarted - started, 1),
-           drained_after_restart_s=round(took, 1), statuses=verdict.counts,
-           attempts=verdict.attempts_histogram)
+    report(
+        capsys,
+        "postgres-restart",
+        restart_s=round(restarted - started, 1),
+        drained_after_restart_s=round(took, 1),
+        statuses=verdict.counts,
+        attempts=verdict.attempts_histogram,
+    )
     assert all(worker.process.poll() is None for worker in fleet.workers)
 
 
@@ -185,8 +214,11 @@ GARBAGE = [
     (b'{"type": "work", "args": {"seconds": "soon"}}', "default.t5", {}),
     (b'{"type": "work", "args": {"seconds": 1, "extra": 1}}', "default.t6", {}),
     (b'{"type": "work", "args": {}}', "default.Bad!", {}),
-    (b'{"type": "work", "args": {"seconds": 0.1}}', "default.t1",
-     {"headers": {"x-max-attempts": "lots"}}),
+    (
+        b'{"type": "work", "args": {"seconds": 0.1}}',
+        "default.t1",
+        {"headers": {"x-max-attempts": "lots"}},
+    ),
     (b'{"type": "work", "args": {"seconds": "' + b"9" * 300_000 + b'"}}', "default.t2", {}),
 ]
 
@@ -205,8 +237,9 @@ async def test_garbage_interleaved(fleet: Fleet, capsys: pytest.CaptureFixture[s
                 ids += await submit_load(client, JOBS // 10, rng)
                 for body, key, props in GARBAGE:
                     await exchange.publish(
-                        aio_pika.Message(body, message_id=f"junk-{round_}-{len(ids)}-{key}",
-                                         **props),
+                        aio_pika.Message(
+                            body, message_id=f"junk-{round_}-{len(ids)}-{key}", **props
+                        ),
                         routing_key=key,
                     )
     finally:
@@ -220,6 +253,5 @@ async def test_garbage_interleaved(fleet: Fleet, capsys: pytest.CaptureFixture[s
             assert loop.time() < deadline, await client.store.rejected_counts()
             await asyncio.sleep(0.2)
         rejected = await client.store.rejected_counts()
-    report(capsys, "garbage", drained_s=round(took, 1), statuses=verdict.counts,
-           rejected=rejected)
+    report(capsys, "garbage", drained_s=round(took, 1), statuses=verdict.counts, rejected=rejected)
     assert sum(rejected.values()) == 10 * len(GARBAGE)

@@ -20,17 +20,34 @@ GARBAGE: list[tuple[str, bytes, str, dict[str, Any]]] = [
     ("not_object", b"[1, 2, 3]", "default.default", {}),
     ("no_type", b'{"args": {}}', "default.default", {}),
     ("unknown_type", b'{"type": "no_such_job", "args": {}}', "default.default", {}),
-    ("invalid_args", b'{"type": "echo", "args": {"value": 1, "surprise": 2}}', "default.default", {}),
+    (
+        "invalid_args",
+        b'{"type": "echo", "args": {"value": 1, "surprise": 2}}',
+        "default.default",
+        {},
+    ),
     ("invalid_args", b'{"type": "cpu", "args": {"n": "lots"}}', "slow.default", {}),
     ("invalid_args", b'{"type": "echo", "args": [1]}', "default.default", {}),
-    ("too_large", b'{"type": "echo", "args": {"value": "' + b"x" * 300_000 + b'"}}',
-     "default.default", {}),
+    (
+        "too_large",
+        b'{"type": "echo", "args": {"value": "' + b"x" * 300_000 + b'"}}',
+        "default.default",
+        {},
+    ),
     ("invalid_tenant", b'{"type": "echo", "args": {}}', "default.Not_OK!", {}),
     ("invalid_queue", b'{"type": "echo", "args": {}}', "No Such Lane.acme", {}),
-    ("invalid_header", b'{"type": "echo", "args": {}}', "default.default",
-     {"headers": {"x-max-attempts": "many"}}),
-    ("invalid_message_id", b'{"type": "echo", "args": {}}', "default.default",
-     {"message_id": "x" * 129}),
+    (
+        "invalid_header",
+        b'{"type": "echo", "args": {}}',
+        "default.default",
+        {"headers": {"x-max-attempts": "many"}},
+    ),
+    (
+        "invalid_message_id",
+        b'{"type": "echo", "args": {}}',
+        "default.default",
+        {"message_id": "x" * 129},
+    ),
 ]
 
 
@@ -43,10 +60,12 @@ async def rejected_rows(namespace: str) -> list[asyncpg.Record]:
 
 
 async def test_every_kind_of_garbage_is_dead_lettered_with_its_bytes(
-    start_worker: WorkerFactory, client: Client, amqp: aio_pika.abc.AbstractChannel,
+    start_worker: WorkerFactory,
+    client: Client,
+    amqp: aio_pika.abc.AbstractChannel,
     settings: Settings,
 ) -> None:
-    """Each contract violation is stored with its reason and exact bytes, and copied to <ns>.dead."""
+    """Each violation is stored with its reason and exact bytes, and copied to <ns>.dead."""
     await start_worker()
     exchange = await amqp.get_exchange(f"{settings.namespace}.jobs")
     for index, (_, body, key, props) in enumerate(GARBAGE):
@@ -80,7 +99,9 @@ async def test_every_kind_of_garbage_is_dead_lettered_with_its_bytes(
 
 
 async def test_garbage_does_not_slow_good_jobs(
-    start_worker: WorkerFactory, client: Client, amqp: aio_pika.abc.AbstractChannel,
+    start_worker: WorkerFactory,
+    client: Client,
+    amqp: aio_pika.abc.AbstractChannel,
     settings: Settings,
 ) -> None:
     """Interleaved garbage and good jobs: every good job succeeds, every bad one is rejected."""
@@ -98,16 +119,18 @@ async def test_garbage_does_not_slow_good_jobs(
         )
 
     async def all_good_done() -> bool:
-        conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": settings.namespace})
+        conn = await asyncpg.connect(
+            DATABASE_URL, server_settings={"search_path": settings.namespace}
+        )
         try:
-            return await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 100
+            return (
+                await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 100
+            )
         finally:
             await conn.close()
 
     await wait_until(all_good_done, timeout=30)
-    await wait_until(
-        lambda: _len_is(rejected_rows(settings.namespace), 100), timeout=30
-    )
+    await wait_until(lambda: _len_is(rejected_rows(settings.namespace), 100), timeout=30)
 
 
 async def _len_is(rows: Any, n: int) -> bool:

@@ -15,7 +15,7 @@ from coldbrew.errors import SchemaOutOfDate
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest
 from coldbrew.topology import Topology
-from tests.conftest import DATABASE_URL, WorkerFactory, new_namespace, make_settings, wait_until
+from tests.conftest import DATABASE_URL, WorkerFactory, make_settings, new_namespace, wait_until
 
 
 def metric(worker: Any, metric_name: str, **labels: str) -> float:
@@ -24,7 +24,10 @@ def metric(worker: Any, metric_name: str, **labels: str) -> float:
 
 
 async def publish_raw(
-    channel: aio_pika.abc.AbstractChannel, namespace: str, body: bytes, routing_key: str,
+    channel: aio_pika.abc.AbstractChannel,
+    namespace: str,
+    body: bytes,
+    routing_key: str,
     **properties: Any,
 ) -> None:
     exchange = await channel.get_exchange(f"{namespace}.jobs")
@@ -59,14 +62,23 @@ async def test_process_pool_job_runs_with_progress(
 
 
 async def test_plain_aio_pika_producer_follows_the_contract(
-    start_worker: WorkerFactory, amqp: aio_pika.abc.AbstractChannel, client: Client,
+    start_worker: WorkerFactory,
+    amqp: aio_pika.abc.AbstractChannel,
+    client: Client,
     settings: Settings,
 ) -> None:
     """A producer with no coldbrew code publishes per the message contract; the job runs."""
     await start_worker()
     body = json.dumps({"type": "echo", "args": {"value": 42}}).encode()
-    await publish_raw(amqp, settings.namespace, body, "default.default", message_id="raw-1",
-                      priority=5, headers={"x-max-attempts": 3})
+    await publish_raw(
+        amqp,
+        settings.namespace,
+        body,
+        "default.default",
+        message_id="raw-1",
+        priority=5,
+        headers={"x-max-attempts": 3},
+    )
     await wait_until(lambda: _status_is(client, "raw-1", "succeeded"))
     record = await client.get("raw-1")
     assert record.result["value"] == 42
@@ -82,7 +94,9 @@ async def _status_is(client: Client, job_id: str, status: str) -> bool:
 
 
 async def test_same_message_id_twice_makes_one_job(
-    start_worker: WorkerFactory, amqp: aio_pika.abc.AbstractChannel, client: Client,
+    start_worker: WorkerFactory,
+    amqp: aio_pika.abc.AbstractChannel,
+    client: Client,
     settings: Settings,
 ) -> None:
     """Publishing one message_id twice creates one job that runs once; the copy is a duplicate."""
@@ -133,7 +147,9 @@ async def test_retry_with_requested_delay(start_worker: WorkerFactory, client: C
     assert done.status == "succeeded" and done.attempt == 2
 
 
-async def test_permanent_failure_is_not_retried(start_worker: WorkerFactory, client: Client) -> None:
+async def test_permanent_failure_is_not_retried(
+    start_worker: WorkerFactory, client: Client
+) -> None:
     """Permanent fails on the first attempt with the error in the row."""
     await start_worker()
     job = await client.submit("permanent", {})
@@ -145,7 +161,9 @@ async def test_permanent_failure_is_not_retried(start_worker: WorkerFactory, cli
 
 
 async def test_budget_spent_goes_dead_with_a_copy(
-    start_worker: WorkerFactory, client: Client, amqp: aio_pika.abc.AbstractChannel,
+    start_worker: WorkerFactory,
+    client: Client,
+    amqp: aio_pika.abc.AbstractChannel,
     settings: Settings,
 ) -> None:
     """After max_attempts the job is dead in the row and a copy lands on <ns>.dead."""
@@ -197,15 +215,13 @@ async def test_pool_timeout_and_crash_keep_the_pool(
     assert spun.status == "dead" and spun.error_kind == "timeout"
     crashed = await client.wait(crash.id, timeout=30)
     assert crashed.status == "dead" and crashed.error_kind == "crashed"
-    pool = worker._runner.pool  # type: ignore[union-attr]
+    pool = worker._parts.runner.pool
     await wait_until(lambda: _true(pool.alive == 2))
     again = await client.submit("cpu", {"n": 10})
     assert (await client.wait(again.id, timeout=30)).status == "succeeded"
 
 
-async def test_cancel_queued_job_never_runs(
-    start_worker: WorkerFactory, client: Client
-) -> None:
+async def test_cancel_queued_job_never_runs(start_worker: WorkerFactory, client: Client) -> None:
     """A job cancelled while queued is never run, even when its message is delivered."""
     job = await client.submit("side_effect", {})
     cancelled = await client.cancel(job.id, "changed my mind")
@@ -251,7 +267,9 @@ async def test_progress_is_visible_while_running(
 
     async def partial() -> bool:
         record = await client.get(job.id)
-        return record.status == "running" and record.progress is not None and 0 < record.progress < 1
+        return (
+            record.status == "running" and record.progress is not None and 0 < record.progress < 1
+        )
 
     await wait_until(partial, timeout=10)
     assert (await client.wait(job.id, timeout=10)).progress == 1.0
@@ -261,7 +279,9 @@ async def test_relay_publishes_a_commit_that_was_never_published(
     start_worker: WorkerFactory, client: Client, settings: Settings
 ) -> None:
     """A row committed without its publish (producer crashed) is published by the relay."""
-    request = ClaimRequest("orphan-1", "echo", "default", "default", {"value": "x"}, 0, 3, None, None)
+    request = ClaimRequest(
+        "orphan-1", "echo", "default", "default", {"value": "x"}, 0, 3, None, None
+    )
     await client.store.insert_job(request, relay_grace=0.0)
     await start_worker()
     done = await client.wait("orphan-1", timeout=20)
@@ -277,7 +297,9 @@ async def test_new_tenant_is_provisioned_and_the_fleet_consumes_it(
     job = await client.submit("echo", {"value": 1}, tenant="brand-new")
     assert (await client.wait(job.id, timeout=20)).status == "succeeded"
     for worker in (first, second):
-        await wait_until(lambda w=worker: _true(("default", "brand-new") in w._consumed), timeout=10)
+        await wait_until(
+            lambda w=worker: _true(("default", "brand-new") in w._consumed), timeout=10
+        )
     more = [await client.submit("echo", {"value": i}, tenant="brand-new") for i in range(20)]
     for job in more:
         assert (await client.wait(job.id, timeout=20)).status == "succeeded"
@@ -305,25 +327,41 @@ async def test_graceful_stop_releases_running_jobs(
     done = await client.wait(job.id, timeout=30)
     assert done.status == "succeeded"
     assert metric(second, "coldbrew_jobs_started_total", queue="default", type="sleep_for") == 1
-    assert metric(first, "coldbrew_jobs_finished_total", queue="default", type="sleep_for",
-                  outcome="released") == 1
+    assert (
+        metric(
+            first,
+            "coldbrew_jobs_finished_total",
+            queue="default",
+            type="sleep_for",
+            outcome="released",
+        )
+        == 1
+    )
 
 
 async def test_rejected_and_tenants_tables_exist(settings: Settings) -> None:
     """The migrated schema has the tables the worker needs."""
     conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": settings.namespace})
     try:
-        tables = {r["tablename"] for r in await conn.fetch(
-            "SELECT tablename FROM pg_tables WHERE schemaname = $1", settings.namespace)}
+        tables = {
+            r["tablename"]
+            for r in await conn.fetch(
+                "SELECT tablename FROM pg_tables WHERE schemaname = $1", settings.namespace
+            )
+        }
     finally:
         await conn.close()
-    assert {"jobs", "job_once", "tenant_queues", "tenants", "rejected_messages",
-            "schema_migrations"} <= tables
+    assert {
+        "jobs",
+        "job_once",
+        "tenant_queues",
+        "tenants",
+        "rejected_messages",
+        "schema_migrations",
+    } <= tables
 
 
-async def test_dlq_replay_gives_a_fresh_budget(
-    start_worker: WorkerFactory, client: Client
-) -> None:
+async def test_dlq_replay_gives_a_fresh_budget(start_worker: WorkerFactory, client: Client) -> None:
     """A dead job replayed with a fresh budget runs again, with attempt still counting up."""
     await start_worker()
     job = await client.submit("fail_times", {"times": 3}, max_attempts=2)

@@ -250,10 +250,6 @@ def test_amqps_and_postgres_schemes_are_accepted(monkeypatch: pytest.MonkeyPatch
     assert settings.database_url.startswith("postgres://")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="settings._describe echoes the rejected input, password included (reported to lead)",
-)
 def test_invalid_url_message_masks_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
     """A rejected URL is shown with its password masked, like every other URL coldbrew prints."""
     message = config_error(monkeypatch, COLDBREW_AMQP_URL="http://user:s3cret@broker:5672/")
@@ -342,10 +338,6 @@ def test_settings_print_urls_masked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "hunter2" not in settings.safe_database_url()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="mask_url does not mask a libpq ?password= query parameter (reported to lead)",
-)
 def test_mask_url_hides_password_query_parameter() -> None:
     """A password given as libpq's ``?password=`` parameter is masked too."""
     assert "hunter2" not in mask_url("postgresql://app@db/jobs?password=hunter2")
