@@ -31,6 +31,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.CannotConnectNowError,
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
+    # After a server restart asyncpg can hand back a connection whose protocol
+    # is still mid-operation; the pool's reset then discards it, so retrying works.
+    asyncpg.InternalClientError,
     TimeoutError,
 )
 
@@ -125,17 +128,6 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-async def _light_reset(conn: asyncpg.Connection) -> None:
-    """Release a pooled connection without asyncpg's reset query (one round trip a batch).
-
-    Pooled connections hold no session state here: LISTEN uses its own
-    connection and advisory locks are transaction-scoped. Only an open
-    transaction (a cancelled query) needs undoing.
-    """
-    if conn.is_in_transaction():
-        await conn.execute("ROLLBACK")
-
-
 def connection_settings(namespace: str) -> dict[str, str]:
     """Server settings for every connection: the namespace is the schema searched."""
     return {"search_path": namespace, "application_name": f"coldbrew:{namespace}"}
@@ -166,7 +158,6 @@ class JobStore:
                 max_size=pool_size,
                 server_settings=connection_settings(namespace),
                 init=_init_connection,
-                reset=_light_reset,
                 timeout=10,
                 command_timeout=60,
             )
