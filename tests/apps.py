@@ -136,3 +136,21 @@ async def _record_cancel(ctx: Context, reason: str) -> None:
 @app.job(on_cancel=_record_cancel)
 async def cancellable(ctx: Context) -> None:
     await asyncio.sleep(60)
+
+
+@app.job(max_attempts=3)
+async def resumable(ctx: Context, steps: int) -> dict[str, object]:
+    """Checkpoints after each step; the first attempt dies halfway, the next resumes."""
+    done = list((ctx.checkpoint_state or {}).get("done", []))
+    for step in range(len(done), steps):
+        done.append(step)
+        await ctx.checkpoint({"done": done})
+        if ctx.attempt == 1 and step == steps // 2:
+            raise ConnectionError("lost the connection halfway")
+    return {"done": done, "resumed_at": steps // 2 + 1 if ctx.attempt > 1 else 0}
+
+
+@app.job(max_attempts=2)
+async def suicide(ctx: Context) -> None:
+    """Kills the whole worker process, every time."""
+    os._exit(17)

@@ -477,6 +477,8 @@ class Worker:
             return False, "RabbitMQ connection lost; reconnecting"
         if not self._db_ok:
             return False, "PostgreSQL unreachable"
+        if self._started.broker.consuming == 0:
+            return False, "not consuming any queue"
         return True, "ok"
 
     # --- drain --------------------------------------------------------------------

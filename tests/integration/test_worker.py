@@ -425,3 +425,15 @@ async def test_on_cancel_hook_runs(start_worker: WorkerFactory, client: Client) 
     from tests import apps
 
     assert apps.CANCELLED.get(job.id) == "hook please"
+
+
+async def test_checkpoint_lets_the_next_attempt_resume(
+    start_worker: WorkerFactory, client: Client
+) -> None:
+    """A retried job starts from its last checkpoint instead of from scratch."""
+    await start_worker()
+    job = await client.submit("resumable", {"steps": 6})
+    done = await client.wait(job.id, timeout=20)
+    assert done.status == "succeeded"
+    assert done.attempt == 2
+    assert done.result == {"done": [0, 1, 2, 3, 4, 5], "resumed_at": 4}
