@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 async def test_job_that_kills_its_worker_goes_dead(settings: Settings) -> None:
-    """Each attempt kills the worker; after max_attempts (2) the job is dead, not retried forever."""
+    """Each attempt kills the worker; after max_attempts (2) the job is dead, not retried."""
     fast = make_settings(settings.namespace, lease_seconds=3.0, heartbeat_seconds=1.0)
     env = worker_env(fast, COLDBREW_METRICS_PORT=str(free_port()))
     env["PYTHONPATH"] = str(REPO)
