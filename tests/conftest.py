@@ -174,13 +174,7 @@ async def start_worker(settings: Settings, test_app: Any) -> AsyncIterator[Worke
         worker_settings = make_settings(settings.namespace, **overrides) if overrides else settings
         worker = Worker(app or test_app, worker_settings)
         task = asyncio.create_task(worker.run())
-        ready = asyncio.create_task(worker.ready.wait())
-        done, _ = await asyncio.wait({task, ready}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            ready.cancel()
-            task.result()
-        if ready not in done:
-            raise TimeoutError("worker did not become ready in 30 s")
+        await worker.wait_ready(task)
         running.append((worker, task))
         return worker
 

@@ -48,7 +48,7 @@ async def run_demo(settings: Settings, *, keep: bool, namespace_given: bool) -> 
     worker = Worker(load_app(DEMO_APP), settings)
     worker_task = asyncio.create_task(worker.run(), name="demo-worker")
     try:
-        await _wait_ready(worker, worker_task)
+        await worker.wait_ready(worker_task)
         print(
             f"worker ready: lanes {worker.lanes}, {settings.concurrency} coroutine slots, "
             f"{settings.processes} processes, metrics on :{worker.metrics_port}/metrics\n"
@@ -63,16 +63,6 @@ async def run_demo(settings: Settings, *, keep: bool, namespace_given: bool) -> 
         if not keep:
             await _cleanup(settings)
     return 0 if ok else 1
-
-
-async def _wait_ready(worker: Worker, task: asyncio.Task[None]) -> None:
-    ready = asyncio.create_task(worker.ready.wait())
-    done, _ = await asyncio.wait({ready, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        ready.cancel()
-        task.result()
-    if ready not in done:
-        raise TimeoutError("the demo worker did not become ready within 30 s")
 
 
 async def _submit_all(client: Client, settings: Settings) -> dict[str, str]:

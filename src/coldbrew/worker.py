@@ -132,6 +132,19 @@ class Worker:
             raise self._fatal
         log.info("worker_stopped", worker_id=self.settings.worker_id)
 
+    async def wait_ready(self, task: asyncio.Task[None], timeout: float = 30.0) -> None:
+        """Wait until ``task`` (running ``run()``) is ready; re-raise its start-up error."""
+        ready = asyncio.create_task(self.ready.wait())
+        done, _ = await asyncio.wait(
+            {ready, task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if ready not in done:
+            ready.cancel()
+        if task in done:
+            task.result()
+        if ready not in done:
+            raise TimeoutError(f"the worker did not become ready within {timeout:g} s")
+
     async def _start(self, stack: AsyncExitStack) -> None:
         settings = self.settings
         store = await stack.enter_async_context(

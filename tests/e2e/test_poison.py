@@ -33,7 +33,10 @@ async def test_job_that_kills_its_worker_goes_dead(settings: Settings) -> None:
             assert loop.time() < deadline, record
             process = subprocess.Popen(  # noqa: S603 - our own CLI
                 [sys.executable, "-m", "coldbrew", "worker", "tests.apps:app"],
-                env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             starts += 1
             try:
