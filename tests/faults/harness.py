@@ -78,7 +78,7 @@ class Fleet:
                 raise AssertionError(
                     f"worker exited {worker.process.returncode}: {worker.log.read_text()[-2000:]}"
                 )
-            if await asyncio.to_thread(_ready, worker.port):
+            if await asyncio.to_thread(is_ready, worker.port):
                 return
             await asyncio.sleep(0.1)
         raise AssertionError(f"worker {worker.pid} not ready: {worker.log.read_text()[-2000:]}")
@@ -111,7 +111,7 @@ class Fleet:
         return rng.choice(self.workers)
 
 
-def _ready(port: int) -> bool:
+def is_ready(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:  # noqa: S310
             return bool(response.status == 200)

@@ -28,6 +28,7 @@ from tests.conftest import AMQP_URL, make_settings
 from tests.faults.harness import (
     Fleet,
     check_guarantees,
+    is_ready,
     prepare_tables,
     submit_load,
     wait_all_terminal,
@@ -151,6 +152,16 @@ async def run_more(fleet: Fleet) -> None:
     await wait_all_terminal(fleet.settings.namespace, ids, timeout=60)
 
 
+async def _becomes_unready(port: int, within: float) -> bool:
+    """Poll /readyz for ``within`` seconds; True once it answers not-ready."""
+    unready = False
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        unready = unready or not await asyncio.to_thread(is_ready, port)
+        await asyncio.sleep(0.2)
+    return unready
+
+
 def rabbitmqctl(*args: str) -> None:
     subprocess.run(["rabbitmqctl", "-q", *args], check=True, timeout=120, capture_output=True)
 
@@ -166,7 +177,7 @@ async def test_rabbitmq_restart(fleet: Fleet, capsys: pytest.CaptureFixture[str]
     down_at = time.time()
     await asyncio.to_thread(rabbitmqctl, "stop_app")
     try:
-        await asyncio.sleep(3.0)
+        reported_down = await _becomes_unready(fleet.workers[0].port, within=3.0)
     finally:
         await asyncio.to_thread(rabbitmqctl, "start_app")
     up_at = time.time()
@@ -186,6 +197,7 @@ async def test_rabbitmq_restart(fleet: Fleet, capsys: pytest.CaptureFixture[str]
     )
     assert_all_alive(fleet)
     await run_more(fleet)
+    assert reported_down, "/readyz kept saying ready while RabbitMQ was down"
 
 
 def postgres_restart() -> None:
