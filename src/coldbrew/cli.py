@@ -87,6 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--limit", type=int, default=100)
     replay.add_argument("--attempts", type=int, help="fresh attempts (COLDBREW_MAX_ATTEMPTS)")
 
+    tenants = sub.add_parser("tenants", help="list tenants, set weights, pause and resume")
+    tenants_sub = tenants.add_subparsers(
+        dest="tenants_command", required=True, parser_class=_Parser
+    )
+    tenants_list = tenants_sub.add_parser("list", help="every tenant with its settings")
+    tenants_list.add_argument("--json", action="store_true")
+    tenants_set = tenants_sub.add_parser("set", help="create or change a tenant")
+    tenants_set.add_argument("name")
+    tenants_set.add_argument("--weight", type=float, help="share of a worker against others (1)")
+    for verb, text in (("pause", "hold this tenant's jobs"), ("resume", "run them again")):
+        tenants_sub.add_parser(verb, help=text).add_argument("name")
+
     demo = sub.add_parser("demo", help="a self-contained tour on the local broker and database")
     demo.add_argument("--keep", action="store_true", help="keep the demo's schema and queues")
     return parser
@@ -286,6 +298,43 @@ async def _dlq_replay(args: argparse.Namespace, settings: Settings, store: Any) 
     return EXIT_OK
 
 
+async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.model import NAME_RE
+    from coldbrew.store import JobStore
+    from coldbrew.topology import Topology
+
+    command = args.tenants_command
+    name: str = getattr(args, "name", "")
+    if command != "list" and not NAME_RE.match(name):
+        raise ConfigurationError(f"tenant name {name!r} must match {NAME_RE.pattern}")
+    weight = getattr(args, "weight", None)
+    if weight is not None and not 0 < weight <= 1000:
+        raise ConfigurationError(f"--weight must be in (0, 1000], not {weight:g}")
+    async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
+        await store.check_schema()
+        if command == "list":
+            rows = await store.list_tenants()
+        else:
+            paused = {"pause": True, "resume": False}.get(command)
+            rows = [
+                await store.set_tenant(
+                    name,
+                    weight=weight,
+                    paused=paused,
+                    channel=Topology(settings.namespace).tenant_channel,
+                )
+            ]
+    if getattr(args, "json", False):
+        _print_json([dataclasses.asdict(row) for row in rows])
+        return EXIT_OK
+    for row in rows:
+        state = "paused" if row.paused else "active"
+        print(f"{row.name:<24} weight {row.weight:<6g} {state}")
+    if not rows:
+        print("(no tenants yet: one is recorded when its first job arrives)")
+    return EXIT_OK
+
+
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.demo import run_demo
 
@@ -302,6 +351,7 @@ HANDLERS: dict[str, Handler] = {
     "cancel": cmd_cancel,
     "stats": cmd_stats,
     "dlq": cmd_dlq,
+    "tenants": cmd_tenants,
     "demo": cmd_demo,
 }
 

@@ -122,6 +122,23 @@ def _encode_json(value: Any) -> str:
     return value if type(value) is RawJSON else json.dumps(value)
 
 
+TENANTS_CHANGED = "tenants-changed"
+"""NOTIFY payload that says: re-read the tenants table."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSettings:
+    name: str
+    weight: float
+    max_running: int | None
+    paused: bool
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> TenantSettings:
+        return cls(row["name"], row["weight"], row["max_running"], row["paused"], row["created_at"])
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec(
         "jsonb", encoder=_encode_json, decoder=json.loads, schema="pg_catalog"
@@ -441,6 +458,22 @@ class JobStore:
                     QUERIES["notify_tenant_queue"].text, channel, f"{queue}.{tenant}"
                 )
                 return added
+
+        return await self._run(op)
+
+    async def list_tenants(self) -> list[TenantSettings]:
+        return [TenantSettings.from_row(row) for row in await self._fetch("list_tenants")]
+
+    async def set_tenant(
+        self, name: str, *, weight: float | None, paused: bool | None, channel: str
+    ) -> TenantSettings:
+        """Create or change a tenant and tell the fleet (NOTIFY), in one transaction."""
+
+        async def op(conn: asyncpg.Connection) -> TenantSettings:
+            async with conn.transaction():
+                row = await conn.fetchrow(QUERIES["set_tenant"].text, name, weight, paused)
+                await conn.execute(QUERIES["notify_tenant_queue"].text, channel, TENANTS_CHANGED)
+                return TenantSettings.from_row(row)
 
         return await self._run(op)
 

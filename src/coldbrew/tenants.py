@@ -21,12 +21,13 @@ from coldbrew.broker import Broker, settle
 from coldbrew.errors import BrokerUnavailable, ContractViolation, DatabaseUnavailable
 from coldbrew.metrics import Metrics
 from coldbrew.model import split_routing_key
-from coldbrew.store import JobStore
+from coldbrew.store import TENANTS_CHANGED, JobStore, TenantSettings
 from coldbrew.topology import Topology
 
 log = structlog.get_logger("coldbrew.tenants")
 
 OnQueue = Callable[[str, str], Awaitable[None]]
+OnSettings = Callable[[list[TenantSettings]], None]
 OnReject = Callable[[AbstractIncomingMessage, ContractViolation], None]
 
 
@@ -42,6 +43,7 @@ class TenantQueues:
         metrics: Metrics,
         on_queue: OnQueue,
         on_reject: OnReject,
+        on_settings: OnSettings | None = None,
     ) -> None:
         self.store = store
         self.broker = broker
@@ -49,6 +51,7 @@ class TenantQueues:
         self.metrics = metrics
         self._on_queue = on_queue
         self._on_reject = on_reject
+        self._on_settings = on_settings
         self._hinted: asyncio.Queue[str] = asyncio.Queue()
 
     async def ensure(self, queue: str, tenant: str) -> None:
@@ -77,11 +80,16 @@ class TenantQueues:
         await settle(message)
 
     async def sync(self) -> int:
-        """Consume every recorded queue of our lanes (the periodic resync)."""
+        """Consume every recorded queue of our lanes and apply tenant settings (the resync)."""
         pairs = await self.store.list_tenant_queues()
         for queue, tenant in pairs:
             await self._on_queue(queue, tenant)
+        await self.sync_settings()
         return 0
+
+    async def sync_settings(self) -> None:
+        if self._on_settings is not None:
+            self._on_settings(await self.store.list_tenants())
 
     async def watch(self, stop: asyncio.Event, resync_seconds: float) -> None:
         """LISTEN for new queues; resync on every (re)connect and every ``resync_seconds``."""
@@ -110,6 +118,9 @@ class TenantQueues:
                 if loop.time() >= next_sync:
                     await self.sync()
                     next_sync = loop.time() + resync_seconds
+                continue
+            if payload == TENANTS_CHANGED:
+                await self.sync_settings()
                 continue
             try:
                 queue, tenant = split_routing_key(payload)

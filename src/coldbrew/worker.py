@@ -40,7 +40,7 @@ from coldbrew.runner import JobRunner
 from coldbrew.scheduler import FairScheduler, Pending
 from coldbrew.settings import Settings
 from coldbrew.stats import StatsSnapshot
-from coldbrew.store import JobStore
+from coldbrew.store import JobStore, TenantSettings
 from coldbrew.tenants import TenantQueues
 from coldbrew.topology import Topology
 
@@ -87,6 +87,7 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._rejects: asyncio.Queue[Reject] = asyncio.Queue()
         self._consumed: set[tuple[str, str]] = set()
+        self._paused: frozenset[str] = frozenset()
         self._fatal: BaseException | None = None
         self._started: _Parts | None = None
 
@@ -220,6 +221,7 @@ class Worker:
             metrics=self.metrics,
             on_queue=self._consume_tenant,
             on_reject=self._reject,
+            on_settings=self._apply_tenant_settings,
         )
         return _Parts(store, broker, runner, tenants, stats)
 
@@ -331,11 +333,25 @@ class Worker:
             raise ContractViolation("unknown_type", str(exc)) from None
         return Delivery(message, envelope, spec, spec.validate_args(envelope.args))
 
+    def _apply_tenant_settings(self, tenants: list[TenantSettings]) -> None:
+        """Weights go to the scheduler; a paused tenant's deliveries are held, not run."""
+        for tenant in tenants:
+            self.scheduler.set_weight(tenant.name, tenant.weight)
+        paused = frozenset(t.name for t in tenants if t.paused)
+        if paused != self._paused:
+            log.info("paused_tenants", tenants=sorted(paused))
+            self._paused = paused
+            self._dispatch()
+
+    def _eligible(self, tenant: str) -> bool:
+        return tenant not in self._paused
+
     def _dispatch(self) -> None:
         """Start jobs while there are free slots and held deliveries."""
         limit = self.settings.concurrency
+        eligible = self._eligible if self._paused else None
         while self._running < limit and not self._closing:
-            pending = self.scheduler.pop(time.monotonic())
+            pending = self.scheduler.pop(time.monotonic(), eligible)
             if pending is None:
                 return
             self._running += 1

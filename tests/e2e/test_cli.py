@@ -342,3 +342,33 @@ async def test_stats(settings: Settings, worker: WorkerProcess) -> None:
     acme = [row for row in parsed if (row["queue"], row["tenant"]) == ("default", "acme")]
     assert len(acme) == 1, parsed
     assert acme[0]["failed"] == 1, parsed
+
+
+def test_tenants_commands(settings: Settings) -> None:
+    """`tenants set/pause/resume/list` record settings; bad names and weights exit 2."""
+    env = worker_env(settings)
+    env["PYTHONPATH"] = str(ROOT)
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "coldbrew", "tenants", *argv],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    assert run("set", "acme", "--weight", "3").returncode == 0
+    assert run("pause", "acme").returncode == 0
+    listed = run("list", "--json")
+    assert listed.returncode == 0
+    rows = json.loads(listed.stdout)
+    assert [(r["name"], r["weight"], r["paused"]) for r in rows] == [("acme", 3.0, True)]
+    assert run("resume", "acme").returncode == 0
+    assert "active" in run("list").stdout
+    bad_name = run("set", "Not OK!")
+    assert bad_name.returncode == 2 and "tenant name" in bad_name.stderr
+    bad_weight = run("set", "acme", "--weight", "0")
+    assert bad_weight.returncode == 2 and "--weight" in bad_weight.stderr

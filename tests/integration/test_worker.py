@@ -437,3 +437,23 @@ async def test_checkpoint_lets_the_next_attempt_resume(
     assert done.status == "succeeded"
     assert done.attempt == 2
     assert done.result == {"done": [0, 1, 2, 3, 4, 5], "resumed_at": 4}
+
+
+async def test_paused_tenant_waits_while_others_run(
+    start_worker: WorkerFactory, client: Client, settings: Settings
+) -> None:
+    """A paused tenant's jobs are held, not run; others run; on resume they run."""
+    from coldbrew.topology import Topology
+
+    channel = Topology(settings.namespace).tenant_channel
+    await client.store.set_tenant("sleepy", weight=None, paused=True, channel=channel)
+    worker = await start_worker()
+    held = await client.submit("echo", {"value": 1}, tenant="sleepy")
+    other = await client.submit("echo", {"value": 2}, tenant="busy")
+    assert (await client.wait(other.id, timeout=20)).status == "succeeded"
+    await wait_until(lambda: _true(len(worker.scheduler) == 1), timeout=5)
+    assert worker.scheduler.pending_by_tenant() == {"sleepy": 1}
+    assert (await client.get(held.id)).status == "queued"
+    resumed = await client.store.set_tenant("sleepy", weight=2.0, paused=False, channel=channel)
+    assert resumed.weight == 2.0 and not resumed.paused
+    assert (await client.wait(held.id, timeout=20)).status == "succeeded"

@@ -232,6 +232,17 @@ added AS (
 )
 SELECT EXISTS (SELECT 1 FROM added) AS added;
 
+-- name: list_tenants
+-- Every tenant with its scheduling settings
+SELECT name, weight, max_running, paused, created_at FROM tenants ORDER BY name;
+
+-- name: set_tenant
+-- Create or change a tenant; a null leaves that setting as it is ($1 name, $2 weight or null, $3 paused or null)
+INSERT INTO tenants (name, weight, paused) VALUES ($1, coalesce($2, 1), coalesce($3, false))
+ON CONFLICT (name) DO UPDATE
+SET weight = coalesce($2, tenants.weight), paused = coalesce($3, tenants.paused)
+RETURNING name, weight, max_running, paused, created_at;
+
 -- name: notify_tenant_queue
 -- Tell the fleet a (lane, tenant) queue exists ($1 channel, $2 payload "queue.tenant")
 SELECT pg_notify($1, $2);
