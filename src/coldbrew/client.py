@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -94,11 +95,11 @@ class Client:
             max_attempts,
             timeout,
         )
-        record, created = await self.store.insert_job(
+        record, mark = await self.store.insert_job(
             request, relay_grace=self.settings.relay_grace_seconds
         )
-        if created:
-            await self._publish(request)
+        if mark is not None:  # a new job (an existing one keeps its own publishing)
+            await self._publish(request, mark)
         return record
 
     def _request(
@@ -143,11 +144,10 @@ class Client:
             idempotency_key=idempotency_key,
         )
 
-    async def _publish(self, request: ClaimRequest) -> None:
+    async def _publish(self, request: ClaimRequest, mark: datetime) -> None:
         """Publish with a confirm, then clear the mark; on failure the relay publishes later."""
         if self.broker is None:
             return
-        mark = await self.store.get_publish_mark(request.id)
         try:
             await self.broker.publish_job(
                 JobMessage(
@@ -165,8 +165,7 @@ class Client:
         except BrokerUnavailable as exc:
             log.warning("publish_deferred_to_relay", job_id=request.id, error=str(exc))
             return
-        if mark is not None:
-            await self.store.mark_published([(request.id, mark)])
+        await self.store.mark_published([(request.id, mark)])
 
     async def status(self, job_id: str) -> dict[str, Any]:
         """The job's status JSON (DESIGN §1)."""

@@ -239,8 +239,8 @@ class JobStore:
 
     async def insert_job(
         self, request: ClaimRequest, *, relay_grace: float
-    ) -> tuple[JobRecord, bool]:
-        """Insert a queued, unpublished job; return it and whether it is new."""
+    ) -> tuple[JobRecord, datetime | None]:
+        """Insert a queued, unpublished job; return it and, if it is new, its publish mark."""
         row = await self._fetchrow(
             "insert_job",
             request.id,
@@ -255,18 +255,14 @@ class JobStore:
             relay_grace,
         )
         if row is not None:
-            return JobRecord.from_row(row), True
-        return await self.get_job(request.id), False
+            return JobRecord.from_row(row), row["publish_after"]
+        return await self.get_job(request.id), None
 
     async def get_job(self, job_id: str) -> JobRecord:
         row = await self._fetchrow("get_job", job_id)
         if row is None:
             raise JobNotFound(job_id)
         return JobRecord.from_row(row)
-
-    async def get_publish_mark(self, job_id: str) -> datetime | None:
-        row = await self._fetchrow("get_job", job_id)
-        return None if row is None else row["publish_after"]
 
     async def mark_published(self, marks: Sequence[tuple[str, datetime]]) -> None:
         if marks:
