@@ -210,3 +210,23 @@ async def wait_until(
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(interval)
+
+
+async def read_dead_letters(
+    channel: aio_pika.abc.AbstractChannel, namespace: str, count: int, *, timeout: float = 20.0
+) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    """Take ``count`` messages off ``<ns>.dead`` (acking them), failing after ``timeout``."""
+    queue = await channel.get_queue(Topology(namespace).dead_queue)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    taken: list[aio_pika.abc.AbstractIncomingMessage] = []
+    while len(taken) < count:
+        message = await queue.get(fail=False)
+        if message is None:
+            if loop.time() > deadline:
+                raise AssertionError(f"{len(taken)} of {count} dead letters within {timeout} s")
+            await asyncio.sleep(0.05)
+            continue
+        await message.ack()
+        taken.append(message)
+    return taken

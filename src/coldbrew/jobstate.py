@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
@@ -35,7 +35,6 @@ class JobState:
     scope: asyncio.Timeout | None = None
     in_process: bool = False
     acked: bool = False  # the delivery was settled early (a job longer than consumer_timeout)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def report_progress(self, fraction: float | None, message: str | None) -> None:
         self.progress = (fraction, message)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -11,8 +10,7 @@ import asyncpg
 
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from coldbrew.topology import Topology
-from tests.conftest import DATABASE_URL, WorkerFactory, wait_until
+from tests.conftest import DATABASE_URL, WorkerFactory, read_dead_letters, wait_until
 
 GARBAGE: list[tuple[str, bytes, str, dict[str, Any]]] = [
     ("not_json", b"\xff\xfe this is not json", "default.default", {}),
@@ -84,18 +82,10 @@ async def test_every_kind_of_garbage_is_dead_lettered_with_its_bytes(
     assert stored == expected
     assert all(row["detail"] for row in rows)
 
-    dead = await amqp.get_queue(Topology(settings.namespace).dead_queue)
-    copies: dict[bytes, str] = {}
-    for _ in range(400):
-        message = await dead.get(fail=False)
-        if message is None:
-            if len(copies) == len({body for _, body, _, _ in GARBAGE}):
-                break
-            await asyncio.sleep(0.05)
-            continue
-        await message.ack()
-        copies[message.body] = message.headers["x-coldbrew-reason"]  # type: ignore[assignment]
-    assert copies == {body: reason for reason, body, _, _ in GARBAGE}
+    copies = await read_dead_letters(amqp, settings.namespace, len(GARBAGE))
+    assert sorted((m.body, m.headers["x-coldbrew-reason"]) for m in copies) == sorted(
+        (body, reason) for reason, body, _, _ in GARBAGE
+    )
 
 
 async def test_garbage_does_not_slow_good_jobs(

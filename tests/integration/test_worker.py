@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -15,7 +14,14 @@ from coldbrew.errors import SchemaOutOfDate
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest
 from coldbrew.topology import Topology
-from tests.conftest import DATABASE_URL, WorkerFactory, make_settings, new_namespace, wait_until
+from tests.conftest import (
+    DATABASE_URL,
+    WorkerFactory,
+    make_settings,
+    new_namespace,
+    read_dead_letters,
+    wait_until,
+)
 
 
 def metric(worker: Any, metric_name: str, **labels: str) -> float:
@@ -173,23 +179,9 @@ async def test_budget_spent_goes_dead_with_a_copy(
     assert done.status == "dead"
     assert done.attempt == 2
     assert done.dead_reason == "max_attempts"
-    copy = await _get_dead(amqp, settings.namespace, job.id)
+    (copy,) = await read_dead_letters(amqp, settings.namespace, 1)
+    assert copy.message_id == job.id
     assert copy.headers["x-coldbrew-reason"] == "max_attempts"
-
-
-async def _get_dead(
-    channel: aio_pika.abc.AbstractChannel, namespace: str, message_id: str
-) -> aio_pika.abc.AbstractIncomingMessage:
-    queue = await channel.get_queue(Topology(namespace).dead_queue)
-    for _ in range(200):
-        message = await queue.get(fail=False)
-        if message is None:
-            await asyncio.sleep(0.05)
-            continue
-        await message.ack()
-        if message.message_id == message_id:
-            return message
-    raise AssertionError(f"no dead copy of {message_id}")
 
 
 async def test_coroutine_timeout_is_retryable(start_worker: WorkerFactory, client: Client) -> None:
@@ -443,7 +435,6 @@ async def test_paused_tenant_waits_while_others_run(
     start_worker: WorkerFactory, client: Client, settings: Settings
 ) -> None:
     """A paused tenant's jobs are held, not run; others run; on resume they run."""
-    from coldbrew.topology import Topology
 
     channel = Topology(settings.namespace).tenant_channel
     await client.store.set_tenant("sleepy", weight=None, paused=True, channel=channel)
