@@ -29,6 +29,22 @@ async def sleep_for(ctx: Context, seconds: float) -> float:
     return seconds
 
 
+@app.job(timeout=60)
+async def timed_sleep(ctx: Context, seconds: float) -> dict[str, float]:
+    """Sleeps and returns its own wall-clock start and end, to measure overlap exactly."""
+    start = time.time()
+    await asyncio.sleep(seconds)
+    return {"start": start, "end": time.time()}
+
+
+@app.job(timeout=60)
+async def transcode(ctx: Context, seconds: float) -> dict[str, float]:
+    """Like ``timed_sleep``, under another type name: for per-type caps."""
+    start = time.time()
+    await asyncio.sleep(seconds)
+    return {"start": start, "end": time.time()}
+
+
 @app.job(max_attempts=5)
 async def fail_times(ctx: Context, times: int) -> int:
     """Fails on its first ``times`` attempts, then succeeds."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,12 +88,149 @@ SETTLE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+class _ChannelAcks:
+    """Acks of one consuming channel, sent as few ``basic.ack(multiple=True)`` as possible.
+
+    Every delivery on the channel is tracked from arrival until settled.
+    Acks requested while the previous batch was being written go together:
+    one ``multiple=True`` ack up to the highest tag below which every
+    outstanding delivery is being acked, and single acks for the rest (those
+    above a delivery still held, e.g. waiting in the scheduler). Batches are
+    written one at a time: a later ``multiple=True`` must never reach the
+    broker before an earlier single ack of a tag it covers (RabbitMQ closes
+    the channel on an unknown delivery tag). Tags rise in delivery order on a
+    channel, so the outstanding ones are kept in an insertion-ordered dict
+    and the prefix check is amortized O(1).
+    """
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.outstanding: dict[int, bool] = {}  # tag -> ack requested
+        self._waiters: list[asyncio.Future[None]] = []
+        self._flushing = False
+
+    def delivered(self, tag: int) -> None:
+        self.outstanding[tag] = False
+
+    def forget(self, tag: int) -> bool:
+        """Stop tracking a tag settled another way; False if it was settled already."""
+        return self.outstanding.pop(tag, None) is not None
+
+    def ack(self, tag: int) -> asyncio.Future[None]:
+        """Request an ack; the future resolves once its batch was written."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.outstanding.get(tag) is not False:
+            future.set_result(None)  # settled or requested already: never ack a tag twice
+            return future
+        self.outstanding[tag] = True
+        self._waiters.append(future)
+        if not self._flushing:
+            self._flushing = True
+            task = asyncio.create_task(self._flush_all(), name="ack-batch")
+            _ACK_TASKS.add(task)
+            task.add_done_callback(_ACK_TASKS.discard)
+        return future
+
+    def plan(self) -> tuple[int | None, list[int]]:
+        """(tag for one multiple=True ack or None, tags to ack singly); untracks them all."""
+        prefix_end: int | None = None
+        for tag, requested in self.outstanding.items():
+            if not requested:
+                break
+            prefix_end = tag
+        if prefix_end is not None:
+            for tag in list(self.outstanding):
+                del self.outstanding[tag]
+                if tag == prefix_end:
+                    break
+        singles = [tag for tag, requested in self.outstanding.items() if requested]
+        for tag in singles:
+            del self.outstanding[tag]
+        return prefix_end, singles
+
+    async def _flush_all(self) -> None:
+        try:
+            while self._waiters:
+                await asyncio.sleep(0)  # let this loop turn's other acks join the batch
+                waiters, self._waiters = self._waiters, []
+                await self._flush(waiters)
+        finally:
+            self._flushing = False
+
+    async def _flush(self, waiters: list[asyncio.Future[None]]) -> None:
+        prefix_end, singles = self.plan()
+        try:
+            if prefix_end is not None:
+                await self.channel.basic_ack(prefix_end, multiple=True)
+            for tag in singles:
+                await self.channel.basic_ack(tag)
+        except SETTLE_ERRORS as exc:
+            for future in waiters:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        except BaseException:  # cancelled at shutdown: the waiters must not hang
+            for future in waiters:
+                if not future.done():
+                    future.cancel()
+            raise
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+
+_ACK_TASKS: set[asyncio.Task[Any]] = set()
+_CHANNEL_ACKS: weakref.WeakKeyDictionary[Any, _ChannelAcks] = weakref.WeakKeyDictionary()
+
+
+def track_delivery(message: AbstractIncomingMessage) -> None:
+    """Register a delivery so that its ack can join a batch (``Broker.consume`` does it)."""
+    channel = message.channel
+    acks = _CHANNEL_ACKS.get(channel)
+    if acks is None:
+        acks = _CHANNEL_ACKS[channel] = _ChannelAcks(channel)
+    if message.delivery_tag is not None:
+        acks.delivered(message.delivery_tag)
+
+
+def ack_soon(message: AbstractIncomingMessage) -> None:
+    """Request an ack without waiting for it (the claim path: the job need not wait).
+
+    A failure is logged; it means the channel closed and RabbitMQ requeued
+    the delivery, whose redelivery is then a duplicate of a claimed job.
+    """
+    acks = _CHANNEL_ACKS.get(message.channel)
+    tag = message.delivery_tag
+    if acks is None or tag is None:
+        task = asyncio.create_task(settle(message), name="ack")
+        _ACK_TASKS.add(task)
+        task.add_done_callback(_ACK_TASKS.discard)
+        return
+    acks.ack(tag).add_done_callback(_log_ack_failure)
+
+
+def _log_ack_failure(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and (exc := future.exception()) is not None:
+        log.info("settle_skipped", reason="channel closed; broker requeued it", error=str(exc))
+
+
 async def settle(message: AbstractIncomingMessage, *, requeue: bool | None = None) -> bool:
-    """Ack (``requeue`` None) or nack; a dead channel means the broker already requeued it."""
+    """Ack (``requeue`` None) or nack; a dead channel means the broker already requeued it.
+
+    Acks of tracked deliveries are batched (see ``_ChannelAcks``) and this
+    returns once the batch was written; settling a delivery twice is a no-op.
+    """
     try:
-        if requeue is None:
-            await message.ack()
-        else:
+        acks = _CHANNEL_ACKS.get(message.channel)  # raises once the channel is gone
+        tag = message.delivery_tag
+        if acks is None or tag is None:
+            if requeue is None:
+                await message.ack()
+            else:
+                await message.nack(requeue=requeue)
+        elif requeue is None:
+            await acks.ack(tag)
+        elif acks.forget(tag):
             await message.nack(requeue=requeue)
     except SETTLE_ERRORS as exc:
         log.info("settle_skipped", reason="channel closed; broker requeued it", error=str(exc))
@@ -318,7 +456,7 @@ class Broker:
     async def consume(
         self, queue_name: str, arguments: Mapping[str, Any], callback: Consumer
     ) -> None:
-        """Start consuming ``queue_name`` with late acks.
+        """Start consuming ``queue_name``; every delivery is tracked for batched acks.
 
         The queue is declared (idempotently, same arguments) on the consuming
         channel so that aio-pika restores it and its consumer after a reconnect.
@@ -327,7 +465,12 @@ class Broker:
             return
         channel = self._channel(consume=True)
         queue = await channel.declare_queue(queue_name, durable=True, arguments=dict(arguments))
-        tag = await queue.consume(callback, no_ack=False)
+
+        async def tracked(message: AbstractIncomingMessage) -> None:
+            track_delivery(message)
+            await callback(message)
+
+        tag = await queue.consume(tracked, no_ack=False)
         self._consumers[queue_name] = (queue, tag)
 
     @property

@@ -11,7 +11,9 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import sys
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -69,8 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("job_id")
     cancel.add_argument("--reason", default="cancelled from the command line")
 
-    stats = sub.add_parser("stats", help="depth, oldest age and counts per queue and tenant")
+    stats = sub.add_parser(
+        "stats", help="depth, oldest age, drain rate and estimated wait per queue and tenant"
+    )
     stats.add_argument("--json", action="store_true")
+    stats.add_argument(
+        "--sample",
+        type=float,
+        default=1.0,
+        help="seconds between the two readings the drain rate comes from (0: skip it)",
+    )
 
     dlq = sub.add_parser("dlq", help="list and replay dead jobs")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=_Parser)
@@ -96,8 +106,22 @@ def build_parser() -> argparse.ArgumentParser:
     tenants_set = tenants_sub.add_parser("set", help="create or change a tenant")
     tenants_set.add_argument("name")
     tenants_set.add_argument("--weight", type=float, help="share of a worker against others (1)")
+    tenants_set.add_argument(
+        "--max-running", metavar="N|none", help="fleet-wide cap on running jobs (none: no cap)"
+    )
     for verb, text in (("pause", "hold this tenant's jobs"), ("resume", "run them again")):
         tenants_sub.add_parser(verb, help=text).add_argument("name")
+
+    types = sub.add_parser("types", help="list job types' fleet-wide caps and set them")
+    types_sub = types.add_subparsers(dest="types_command", required=True, parser_class=_Parser)
+    types_sub.add_parser("list", help="every job type with a cap").add_argument(
+        "--json", action="store_true"
+    )
+    types_set = types_sub.add_parser("set", help="cap a job type's running jobs fleet-wide")
+    types_set.add_argument("name", metavar="TYPE")
+    types_set.add_argument(
+        "--max-running", metavar="N|none", required=True, help="the cap (none: no cap)"
+    )
 
     demo = sub.add_parser("demo", help="a self-contained tour on the local broker and database")
     demo.add_argument("--keep", action="store_true", help="keep the demo's schema and queues")
@@ -222,23 +246,56 @@ async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.stats import DrainRates
     from coldbrew.store import JobStore
 
+    if not 0 <= args.sample <= 600:
+        raise ConfigurationError(f"--sample must be in 0..600 seconds, not {args.sample:g}")
+    rates = DrainRates()
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
         rows = await store.queue_stats()
+        if args.sample > 0:  # the drain rate is the change of the finished counters
+            first = time.monotonic()
+            for row in rows:
+                rates.observe((row.queue, row.tenant), row.finished, first)
+            await asyncio.sleep(args.sample)
+            rows = await store.queue_stats()
+            now = time.monotonic()
+            for row in rows:
+                rates.observe((row.queue, row.tenant), row.finished, now)
+    table = []
+    for row in rows:
+        key = (row.queue, row.tenant)
+        depth = row.queued + row.retrying
+        rate = rates.rates.get(key)
+        wait = rates.estimated_wait(key, depth) if rate is not None else None
+        table.append((row, depth, rate, wait))
     if args.json:
-        _print_json([dataclasses.asdict(row) for row in rows])
+        _print_json(
+            [
+                dataclasses.asdict(row)
+                | {
+                    "depth": depth,
+                    "drain_rate_per_second": rate,
+                    "estimated_wait_seconds": None if wait is None or math.isinf(wait) else wait,
+                }
+                for row, depth, rate, wait in table
+            ]
+        )
         return EXIT_OK
     header = (
         f"{'queue':<12} {'tenant':<20} {'queued':>7} {'running':>7} {'retrying':>8} "
-        f"{'dead':>5} {'failed':>6} {'oldest':>9}"
+        f"{'dead':>5} {'failed':>6} {'oldest':>9} {'drain/s':>8} {'est. wait':>9}"
     )
     print(header)
-    for row in rows:
+    for row, _depth, rate, wait in table:
+        rate_text = "-" if rate is None else f"{rate:.1f}"
+        wait_text = "-" if wait is None else ("never" if math.isinf(wait) else f"{wait:.1f}s")
         print(
             f"{row.queue:<12} {row.tenant:<20} {row.queued:>7} {row.running:>7} "
-            f"{row.retrying:>8} {row.dead:>5} {row.failed:>6} {row.oldest_waiting_seconds:>8.1f}s"
+            f"{row.retrying:>8} {row.dead:>5} {row.failed:>6} {row.oldest_waiting_seconds:>8.1f}s "
+            f"{rate_text:>8} {wait_text:>9}"
         )
     if not rows:
         print("(no jobs)")
@@ -310,6 +367,8 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
     weight = getattr(args, "weight", None)
     if weight is not None and not 0 < weight <= 1000:
         raise ConfigurationError(f"--weight must be in (0, 1000], not {weight:g}")
+    cap_text = getattr(args, "max_running", None)
+    cap = _parse_cap(cap_text) if cap_text is not None else None
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
         if command == "list":
@@ -321,6 +380,8 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
                     name,
                     weight=weight,
                     paused=paused,
+                    max_running=cap,
+                    uncap=cap_text is not None and cap is None,
                     channel=Topology(settings.namespace).tenant_channel,
                 )
             ]
@@ -329,9 +390,56 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     for row in rows:
         state = "paused" if row.paused else "active"
-        print(f"{row.name:<24} weight {row.weight:<6g} {state}")
+        limit = "no cap" if row.max_running is None else f"max running {row.max_running}"
+        print(f"{row.name:<24} weight {row.weight:<6g} {limit:<18} {state}")
     if not rows:
         print("(no tenants yet: one is recorded when its first job arrives)")
+    return EXIT_OK
+
+
+def _parse_cap(text: str) -> int | None:
+    """``--max-running``: a whole number 0..1,000,000, or ``none`` for no cap."""
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    try:
+        cap = int(text)
+    except ValueError:
+        raise ConfigurationError(
+            f"--max-running must be a whole number or 'none', not {text!r}"
+        ) from None
+    if not 0 <= cap <= 1_000_000:
+        raise ConfigurationError(f"--max-running must be in 0..1000000, not {cap}")
+    return cap
+
+
+async def cmd_types(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.app import JOB_TYPE_RE
+    from coldbrew.store import JobStore
+    from coldbrew.topology import Topology
+
+    if args.types_command == "set" and not JOB_TYPE_RE.match(args.name):
+        raise ConfigurationError(f"job type {args.name!r} must match {JOB_TYPE_RE.pattern}")
+    cap = _parse_cap(args.max_running) if args.types_command == "set" else None
+    async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
+        await store.check_schema()
+        if args.types_command == "list":
+            rows = await store.list_job_types()
+        else:
+            rows = [
+                await store.set_job_type(
+                    args.name,
+                    max_running=cap,
+                    channel=Topology(settings.namespace).tenant_channel,
+                )
+            ]
+    if getattr(args, "json", False):
+        _print_json([dataclasses.asdict(row) for row in rows])
+        return EXIT_OK
+    for row in rows:
+        limit = "no cap" if row.max_running is None else f"max running {row.max_running}"
+        print(f"{row.name:<32} {limit}")
+    if not rows:
+        print("(no job type has a cap)")
     return EXIT_OK
 
 
@@ -352,6 +460,7 @@ HANDLERS: dict[str, Handler] = {
     "stats": cmd_stats,
     "dlq": cmd_dlq,
     "tenants": cmd_tenants,
+    "types": cmd_types,
     "demo": cmd_demo,
 }
 

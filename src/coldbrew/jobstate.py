@@ -34,7 +34,6 @@ class JobState:
     stop_reason: str | None = None  # "cancelled: …", "fenced", "released"
     scope: asyncio.Timeout | None = None
     in_process: bool = False
-    acked: bool = False  # the delivery was settled early (a job longer than consumer_timeout)
 
     def report_progress(self, fraction: float | None, message: str | None) -> None:
         self.progress = (fraction, message)

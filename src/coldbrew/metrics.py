@@ -194,6 +194,17 @@ class Metrics:
             "Messages whose priority was outside 0-9 and was clamped.",
             registry=reg,
         )
+        self.cap_waits = Counter(
+            "coldbrew_cap_waits_total",
+            "Claims that found a fleet-wide cap full; the delivery was held, not run.",
+            ["scope"],
+            registry=reg,
+        )
+        self.held_requeued = Counter(
+            "coldbrew_held_requeued_total",
+            "Waiting deliveries handed back to RabbitMQ before its consumer_timeout.",
+            registry=reg,
+        )
         self.breaker_state = Gauge(
             "coldbrew_breaker_state",
             "Circuit breaker state: 0 closed, 1 half-open, 2 open.",

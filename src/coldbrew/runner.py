@@ -1,9 +1,14 @@
-"""Runs one delivery end to end: claim, run, write the fenced outcome, then ack.
+"""Runs one delivery end to end: claim, ack, run, write the fenced outcome.
 
-The delivery is a hint and the row is the truth (STYLE §8): the outcome is
-written first, shielded from cancellation, and only then is the message acked.
-A delivery whose job is finished, or held under a live lease elsewhere, is
-acked as a duplicate and not run.
+The delivery is a hint and the row is the truth (STYLE §8). The delivery is
+acked once the claim has committed: from then on the row's lease guards the
+job, and the reaper and relay run it again if this worker dies -- which is
+what happened anyway with a later ack, since a redelivery of a job under a
+live lease is a duplicate. Acking at the claim means a tenant queue's
+prefetch only bounds the deliveries *waiting* in this worker, not its running
+jobs, so it can be small (fairness), and RabbitMQ's consumer_timeout never
+closes a channel under a long job. A delivery whose job is finished, or held
+under a live lease elsewhere, is acked as a duplicate and not run.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import structlog
 
 from coldbrew import retry
 from coldbrew.breaker import Breakers
-from coldbrew.broker import Broker, settle
+from coldbrew.broker import Broker, ack_soon, settle
 from coldbrew.context import Context
 from coldbrew.errors import (
     BrokerUnavailable,
@@ -67,26 +72,31 @@ class JobRunner:
         self._on_db_health = on_db_health
         self._rand = random.Random()
         self.breakers = breakers
-        # Jobs that may outlive RabbitMQ's consumer_timeout are acked once claimed:
-        # the lease, not the delivery, then guards them (SEMANTICS §1, README).
-        broker_timeout = settings.broker_consumer_timeout_seconds
-        self.late_ack_limit = broker_timeout - 60.0 if broker_timeout > 120 else broker_timeout / 2
 
     # --- one delivery -------------------------------------------------------------
 
-    async def process(self, delivery: Delivery) -> None:
-        """Claim, run, record and settle one delivery. Never raises (but CancelledError)."""
+    async def process(self, delivery: Delivery, *, capped: bool = False) -> str | None:
+        """Claim, ack, run and record one delivery. Never raises (but CancelledError).
+
+        ``capped``: the job's tenant or type has a fleet-wide cap, so the claim
+        goes through the serialized capped path. Returns ``capped:<scope>`` when
+        the cap left no room: the delivery is then neither acked nor run, and
+        the caller holds it until a place frees.
+        """
         message = delivery.message
-        claim = await self._until_db_ok(lambda: self.store.claim(self._claim_request(delivery)))
+        request = self._claim_request(delivery)
+        claim_op = self.store.claim_capped if capped else self.store.claim
+        claim = await self._until_db_ok(lambda: claim_op(request))
         if claim is None:  # stopping while the database is away: let another worker have it
             await settle(message, requeue=True)
-            return
+            return None
+        if claim.status.startswith("capped:"):
+            return claim.status
         if not claim.claimed:
             await self._not_claimed(delivery, claim)
-            return
+            return None
+        ack_soon(message)  # the lease guards the job from here; it need not wait for the ack
         state = JobState(claim.id, claim.attempt, delivery, time.monotonic())
-        if claim.timeout is not None and claim.timeout > self.late_ack_limit:
-            state.acked = await settle(message)
         self.inflight.add(state)
         handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
         handles.started.inc()
@@ -101,6 +111,7 @@ class JobRunner:
         finally:
             self.inflight.remove(state)
             self.metrics.jobs_in_flight.dec()
+        return None
 
     def _claim_request(self, delivery: Delivery) -> ClaimRequest:
         env, spec = delivery.envelope, delivery.spec
@@ -286,15 +297,13 @@ class JobRunner:
         if outcome == "fenced":
             handles.finish("fenced", elapsed)
             self.metrics.fenced_writes.labels("complete").inc()
-            await self._settle(state)
             return
-        if outcome == "released":
+        if outcome == "released":  # the delivery is acked: the relay publishes it again
             await self._until_db_ok(
-                lambda: self.store.release([(state.id, state.attempt, state.acked)]),
+                lambda: self.store.release([(state.id, state.attempt, True)]),
                 give_up_on_stop=False,
             )
             handles.finish("released", elapsed)
-            await self._settle(state, requeue=True)
             return
         assert isinstance(outcome, Outcome)
         if state.progress is not None:  # reported after the last flush: write it with the outcome
@@ -318,21 +327,6 @@ class JobRunner:
                     delivery, outcome.dead_reason or "dead", outcome.error_message or ""
                 )
         log.debug("job_finished", job_id=state.id, status=outcome.status, seconds=round(elapsed, 4))
-        await self._settle(state)
-
-    async def ack_if_old(self, state: JobState, now: float) -> None:
-        """Ack a held job's delivery before RabbitMQ's consumer_timeout would close the channel.
-
-        Covers jobs that became long only in practice (waiting for a pool
-        child, or no declared timeout); from here the lease guards them.
-        """
-        if not state.acked and now - state.started > self.late_ack_limit:
-            await self._settle(state)
-
-    async def _settle(self, state: JobState, *, requeue: bool | None = None) -> None:
-        if not state.acked:
-            state.acked = True
-            await settle(state.delivery.message, requeue=requeue)
 
     async def _publish_dead(self, delivery: Delivery, reason: str, detail: str) -> None:
         """A copy of a dead job on ``<ns>.dead`` for RabbitMQ-native tools (best effort)."""

@@ -26,9 +26,9 @@ Policy
    class is simply *overdue*, and overdue items are served oldest first
    rather than by ever-growing age scores, so a sustained overload cannot
    starve anyone: once overdue, an item waits for at most about one round of
-   tenants plus its own tenant's older overdue items. Choose
-   ``aging_seconds`` as one tenth of the longest acceptable wait of a
-   priority-0 job (the default, 3 s, makes that 30 s).
+   tenants plus its own tenant's older overdue items. The worker passes one
+   tenth of ``COLDBREW_AGING_SECONDS`` here, so that setting is the longest
+   a held priority-0 job waits before it is overdue.
 2. **Class first.** The highest effective priority class with an eligible
    tenant wins.
 3. **Tenants within the class** are served in weighted fair order. This is

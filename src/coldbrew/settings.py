@@ -179,8 +179,14 @@ class Settings(BaseSettings):
 
     @property
     def effective_prefetch(self) -> int:
-        """Deliveries held per consumer: enough to keep every job slot busy."""
-        return self.prefetch or min(self.concurrency, 1000)
+        """Unclaimed deliveries held per tenant queue (deliveries are acked at the claim).
+
+        Small, so that many tenants' backlogs cost little memory and the
+        scheduler still sees every tenant's head; the default (``0``) is
+        ``min(concurrency, 32)``, enough to keep one busy tenant's claims
+        batched.
+        """
+        return self.prefetch or min(self.concurrency, 32)
 
     def safe_amqp_url(self) -> str:
         return mask_url(self.amqp_url)

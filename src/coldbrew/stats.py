@@ -2,7 +2,10 @@
 
 Depth, oldest waiting job's age, running and dead counts per lane and tenant
 come from the job table (the truth), not from RabbitMQ, whose ready count
-misses unacked and retrying jobs. A background loop refreshes one snapshot;
+misses unacked and retrying jobs. The drain rate is the change of the
+fleet's finished-jobs counter per lane and tenant between two refreshes
+(an exponentially weighted average over about a minute), and the estimated
+wait is depth divided by it. A background loop refreshes one snapshot;
 the scrape only reads it, so a scrape never waits on the database. Tenant
 labels are capped (``COLDBREW_METRICS_MAX_TENANTS``): the busiest tenants get
 their own series, the rest are summed as ``other``.
@@ -11,7 +14,9 @@ their own series, the rest are summed as ``other``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 from coldbrew.metrics import Metrics
 from coldbrew.store import JobStore, QueueStats
@@ -43,21 +48,77 @@ def cap_tenants(rows: Sequence[QueueStats], max_tenants: int) -> list[QueueStats
                 dead=prev.dead + row.dead,
                 failed=prev.failed + row.failed,
                 oldest_waiting_seconds=max(prev.oldest_waiting_seconds, row.oldest_waiting_seconds),
+                finished=prev.finished + row.finished,
             )
     return kept + list(folded.values())
+
+
+RATE_WINDOW_SECONDS = 60.0
+
+
+class DrainRates:
+    """Jobs finished per second per (lane, tenant), from successive counter readings.
+
+    Pure: the caller passes the clock. The first reading of a key gives no
+    rate; later ones fold ``Δfinished / Δt`` into an exponentially weighted
+    average with a time constant of ``window`` seconds.
+    """
+
+    def __init__(self, window: float = RATE_WINDOW_SECONDS) -> None:
+        self.window = window
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+        self.rates: dict[tuple[str, str], float] = {}
+
+    def observe(self, key: tuple[str, str], finished: int, now: float) -> None:
+        last = self._last.get(key)
+        self._last[key] = (now, finished)
+        if last is None or now <= last[0] or finished < last[1]:
+            return
+        elapsed = now - last[0]
+        sample = (finished - last[1]) / elapsed
+        previous = self.rates.get(key)
+        if previous is None:
+            self.rates[key] = sample
+        else:
+            alpha = 1.0 - math.exp(-elapsed / self.window)
+            self.rates[key] = previous + alpha * (sample - previous)
+
+    def estimated_wait(self, key: tuple[str, str], depth: int) -> float:
+        """Seconds until ``depth`` jobs drain at the recent rate; +Inf if nothing drains."""
+        if depth <= 0:
+            return 0.0
+        rate = self.rates.get(key, 0.0)
+        return depth / rate if rate > 0 else math.inf
 
 
 class StatsSnapshot:
     """The latest per-(lane, tenant) counts, refreshed by the worker's stats loop."""
 
-    def __init__(self, store: JobStore, *, max_tenants: int) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        max_tenants: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.max_tenants = max_tenants
         self.rows: list[QueueStats] = []
+        self.rates = DrainRates()
+        self._clock = clock
 
     async def refresh(self) -> int:
-        self.rows = cap_tenants(await self.store.queue_stats(), self.max_tenants)
+        rows = cap_tenants(await self.store.queue_stats(), self.max_tenants)
+        now = self._clock()
+        for row in rows:
+            self.rates.observe((row.queue, row.tenant), row.finished, now)
+        self.rows = rows
         return 0
+
+    def _wait(self) -> Iterable[tuple[Sequence[str], float]]:
+        for row in self.rows:
+            key = (row.queue, row.tenant)
+            yield key, self.rates.estimated_wait(key, row.queued + row.retrying)
 
     def _series(self, attr: str) -> Iterable[tuple[Sequence[str], float]]:
         for row in self.rows:
@@ -80,6 +141,12 @@ class StatsSnapshot:
             "Age of the oldest waiting job.",
             labels,
             lambda: self._series("oldest_waiting_seconds"),
+        )
+        metrics.add_scrape_callback(
+            "coldbrew_estimated_wait_seconds",
+            "Depth divided by the recent drain rate (+Inf while waiting jobs do not drain).",
+            labels,
+            self._wait,
         )
         metrics.add_scrape_callback(
             "coldbrew_jobs_running",

@@ -7,6 +7,7 @@ translated here, once: connection trouble becomes ``DatabaseUnavailable``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -55,7 +56,11 @@ class ClaimRequest:
 
 @dataclass(frozen=True, slots=True)
 class ClaimResult:
-    """What a claim found: ``claimed`` with our attempt number, or the row's status."""
+    """What a claim found: ``claimed`` with our attempt number, or the row's status.
+
+    A capped claim that found no room has status ``capped:tenant`` or
+    ``capped:type``: the job is recorded as queued and its delivery waits.
+    """
 
     id: str
     claimed: bool
@@ -110,6 +115,7 @@ class QueueStats:
     dead: int
     failed: int
     oldest_waiting_seconds: float
+    finished: int = 0
 
 
 class RawJSON(str):
@@ -139,6 +145,17 @@ class TenantSettings:
         return cls(row["name"], row["weight"], row["max_running"], row["paused"], row["created_at"])
 
 
+@dataclass(frozen=True, slots=True)
+class JobTypeSettings:
+    name: str
+    max_running: int | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> JobTypeSettings:
+        return cls(row["name"], row["max_running"], row["created_at"])
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec(
         "jsonb", encoder=_encode_json, decoder=json.loads, schema="pg_catalog"
@@ -161,6 +178,7 @@ class JobStore:
             "claim", self._claim_batch
         )
         self.completions: GroupCommit[Outcome, bool] = GroupCommit("complete", self._complete_batch)
+        self._batch_conns: dict[str, asyncpg.Connection] = {}
 
     @classmethod
     @asynccontextmanager
@@ -192,6 +210,8 @@ class JobStore:
         finally:
             await store.claims.close()
             await store.completions.close()
+            for name in list(store._batch_conns):
+                await store._drop_batch_conn(name)
             await pool.close()
 
     async def _run(self, op: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
@@ -204,6 +224,40 @@ class JobStore:
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
         query = QUERIES[name].text
         return await self._run(lambda conn: conn.fetch(query, *args))
+
+    async def _batch_fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        """Run a group-commit statement on a connection of its own.
+
+        Each batcher flushes one statement at a time, so one connection per
+        query is enough, and it skips the pool's acquire and its reset query
+        (one more round trip and commit per batch). A connection that fails
+        or is interrupted is thrown away; the next flush connects anew, which
+        is how a PostgreSQL restart is survived.
+        """
+        conn = self._batch_conns.get(name)
+        try:
+            if conn is None or conn.is_closed():
+                conn = await asyncpg.connect(
+                    self._dsn,
+                    server_settings=connection_settings(self.namespace),
+                    timeout=10,
+                    command_timeout=60,
+                )
+                await _init_connection(conn)
+                self._batch_conns[name] = conn
+            rows: list[asyncpg.Record] = await conn.fetch(QUERIES[name].text, *args)
+        except CONNECTION_ERRORS as exc:
+            await self._drop_batch_conn(name)
+            raise DatabaseUnavailable(f"PostgreSQL at {mask_url(self._dsn)}: {exc}") from exc
+        except asyncio.CancelledError:
+            await self._drop_batch_conn(name)  # a statement may still be in flight on it
+            raise
+        return rows
+
+    async def _drop_batch_conn(self, name: str) -> None:
+        conn = self._batch_conns.pop(name, None)
+        if conn is not None and not conn.is_closed():
+            conn.terminate()
 
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
         query = QUERIES[name].text
@@ -271,8 +325,12 @@ class JobStore:
     # --- the hot path: claims and completions (group commit) --------------
 
     async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
-        rows = await self._fetch(
-            "claim_batch",
+        rows = await self._batch_fetch("claim_batch", *self._claim_args(requests))
+        found = {row["id"]: _claim_result(row, row["claimed"], row["status"]) for row in rows}
+        return [found.get(r.id) or _vanished(r.id) for r in requests]
+
+    def _claim_args(self, requests: Sequence[ClaimRequest]) -> tuple[Any, ...]:
+        return (
             [r.id for r in requests],
             [r.type for r in requests],
             [r.queue for r in requests],
@@ -285,23 +343,41 @@ class JobStore:
             self.lease_seconds,
             self.worker_id,
         )
-        found = {
-            row["id"]: ClaimResult(
-                id=row["id"],
-                claimed=row["claimed"],
-                status=row["status"],
-                attempt=row["attempt"],
-                max_attempts=row["max_attempts"],
-                timeout=row["timeout_seconds"],
-                checkpoint=row["checkpoint"],
-                started_at=row["started_at"],
-            )
-            for row in rows
-        }
-        return [found.get(r.id) or _vanished(r.id) for r in requests]
+
+    async def claim_capped(self, request: ClaimRequest) -> ClaimResult:
+        """Claim a job whose tenant or type has a fleet-wide cap, if the caps leave room.
+
+        One transaction holds the tenant's and the type's advisory locks, so
+        two workers cannot both see the last free place; running jobs are
+        counted from the rows, so a crashed worker's jobs free their places
+        when the reaper moves them, with no counter to drift. Without room the
+        job is recorded as queued (visible to ``status`` and the gauges) and
+        ``capped:<scope>`` is returned; its delivery is held, not nacked.
+        """
+
+        async def op(conn: asyncpg.Connection) -> ClaimResult:
+            async with conn.transaction():
+                await conn.execute(QUERIES["lock_cap_scopes"].text, request.tenant, request.type)
+                room = await conn.fetchrow(QUERIES["cap_room"].text, request.tenant, request.type)
+                full = _full_scope(room)
+                if full is None:
+                    rows = await conn.fetch(
+                        QUERIES["claim_batch"].text, *self._claim_args([request])
+                    )
+                    if not rows:
+                        return _vanished(request.id)
+                    return _claim_result(rows[0], rows[0]["claimed"], rows[0]["status"])
+                await conn.execute(QUERIES["register_waiting"].text, *_waiting_args(request))
+                row = await conn.fetchrow(QUERIES["claimability"].text, request.id)
+                if row is None:
+                    return _vanished(request.id)
+                status = f"capped:{full}" if row["claimable"] else row["status"]
+                return _claim_result(row, False, status)
+
+        return await self._run(op)
 
     async def _complete_batch(self, outcomes: Sequence[Outcome]) -> list[bool]:
-        rows = await self._fetch(
+        rows = await self._batch_fetch(
             "complete_batch",
             [o.id for o in outcomes],
             [o.attempt for o in outcomes],
@@ -461,15 +537,40 @@ class JobStore:
         return [TenantSettings.from_row(row) for row in await self._fetch("list_tenants")]
 
     async def set_tenant(
-        self, name: str, *, weight: float | None, paused: bool | None, channel: str
+        self,
+        name: str,
+        *,
+        weight: float | None = None,
+        paused: bool | None = None,
+        max_running: int | None = None,
+        uncap: bool = False,
+        channel: str,
     ) -> TenantSettings:
         """Create or change a tenant and tell the fleet (NOTIFY), in one transaction."""
 
         async def op(conn: asyncpg.Connection) -> TenantSettings:
             async with conn.transaction():
-                row = await conn.fetchrow(QUERIES["set_tenant"].text, name, weight, paused)
-                await conn.execute(QUERIES["notify_tenant_queue"].text, channel, TENANTS_CHANGED)
+                row = await conn.fetchrow(
+                    QUERIES["set_tenant"].text, name, weight, paused, max_running, uncap
+                )
+                await _notify_settings_changed(conn, channel)
                 return TenantSettings.from_row(row)
+
+        return await self._run(op)
+
+    async def list_job_types(self) -> list[JobTypeSettings]:
+        return [JobTypeSettings.from_row(row) for row in await self._fetch("list_job_types")]
+
+    async def set_job_type(
+        self, name: str, *, max_running: int | None, channel: str
+    ) -> JobTypeSettings:
+        """Set (or, with None, remove) a job type's fleet-wide cap and tell the fleet."""
+
+        async def op(conn: asyncpg.Connection) -> JobTypeSettings:
+            async with conn.transaction():
+                row = await conn.fetchrow(QUERIES["set_job_type"].text, name, max_running)
+                await _notify_settings_changed(conn, channel)
+                return JobTypeSettings.from_row(row)
 
         return await self._run(op)
 
@@ -509,6 +610,47 @@ class JobStore:
         finally:
             if not conn.is_closed():
                 await conn.close(timeout=5)
+
+
+async def _notify_settings_changed(conn: asyncpg.Connection, channel: str) -> None:
+    """NOTIFY ``tenants-changed`` (delivered when the caller's transaction commits)."""
+    await conn.execute(QUERIES["notify_tenant_queue"].text, channel, TENANTS_CHANGED)
+
+
+def _claim_result(row: Any, claimed: bool, status: str) -> ClaimResult:
+    return ClaimResult(
+        id=row["id"],
+        claimed=claimed,
+        status=status,
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        timeout=row["timeout_seconds"],
+        checkpoint=row["checkpoint"],
+        started_at=row["started_at"],
+    )
+
+
+def _full_scope(room: Any) -> str | None:
+    """Which cap (``tenant`` first, then ``type``) leaves no room, or None."""
+    if room["tenant_cap"] is not None and room["tenant_running"] >= room["tenant_cap"]:
+        return "tenant"
+    if room["type_cap"] is not None and room["type_running"] >= room["type_cap"]:
+        return "type"
+    return None
+
+
+def _waiting_args(r: ClaimRequest) -> tuple[Any, ...]:
+    return (
+        r.id,
+        r.type,
+        r.queue,
+        r.tenant,
+        r.args,
+        r.priority,
+        r.max_attempts,
+        r.timeout,
+        r.idempotency_key,
+    )
 
 
 def _vanished(job_id: str) -> ClaimResult:

@@ -21,13 +21,13 @@ from coldbrew.broker import Broker, settle
 from coldbrew.errors import BrokerUnavailable, ContractViolation, DatabaseUnavailable
 from coldbrew.metrics import Metrics
 from coldbrew.model import split_routing_key
-from coldbrew.store import TENANTS_CHANGED, JobStore, TenantSettings
+from coldbrew.store import TENANTS_CHANGED, JobStore, JobTypeSettings, TenantSettings
 from coldbrew.topology import Topology
 
 log = structlog.get_logger("coldbrew.tenants")
 
 OnQueue = Callable[[str, str], Awaitable[None]]
-OnSettings = Callable[[list[TenantSettings]], None]
+OnSettings = Callable[[list[TenantSettings], list[JobTypeSettings]], None]
 OnReject = Callable[[AbstractIncomingMessage, ContractViolation], None]
 
 
@@ -89,7 +89,8 @@ class TenantQueues:
 
     async def sync_settings(self) -> None:
         if self._on_settings is not None:
-            self._on_settings(await self.store.list_tenants())
+            tenants = await self.store.list_tenants()
+            self._on_settings(tenants, await self.store.list_job_types())
 
     async def watch(self, stop: asyncio.Event, resync_seconds: float) -> None:
         """LISTEN for new queues; resync on every (re)connect and every ``resync_seconds``."""

@@ -37,10 +37,10 @@ from coldbrew.model import parse_envelope
 from coldbrew.procpool import ProcessPool
 from coldbrew.relay import Relay, run_periodically
 from coldbrew.runner import JobRunner
-from coldbrew.scheduler import FairScheduler, Pending
+from coldbrew.scheduler import TOP_CLASS, FairScheduler, Pending
 from coldbrew.settings import Settings
 from coldbrew.stats import StatsSnapshot
-from coldbrew.store import JobStore, TenantSettings
+from coldbrew.store import JobStore, JobTypeSettings, TenantSettings
 from coldbrew.tenants import TenantQueues
 from coldbrew.topology import Topology
 
@@ -59,6 +59,13 @@ class _Parts:
 
 
 Reject = tuple[AbstractIncomingMessage, ContractViolation]
+Scope = tuple[str, str]
+"""A fleet-wide cap's scope: ``("tenant", name)`` or ``("type", name)``."""
+
+CAP_RETRY_FIRST = 0.05
+CAP_RETRY_MAX = 0.5
+"""Backoff of a full cap's re-check (seconds): places freed by other workers are
+seen within ``CAP_RETRY_MAX``; places freed here are seen at once."""
 
 
 class Worker:
@@ -73,8 +80,10 @@ class Worker:
         self.lanes = settings.queues or app.queues
         self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
         self.inflight = InFlight()
+        # COLDBREW_AGING_SECONDS bounds a priority-0 job's wait: it climbs one
+        # of the scheduler's ten classes per tenth of it, then is overdue.
         self.scheduler: FairScheduler[Delivery] = FairScheduler(
-            aging_seconds=settings.aging_seconds
+            aging_seconds=settings.aging_seconds / TOP_CLASS
         )
         self.ready = asyncio.Event()
         self.metrics_port: int | None = None
@@ -88,6 +97,15 @@ class Worker:
         self._rejects: asyncio.Queue[Reject] = asyncio.Queue()
         self._consumed: set[tuple[str, str]] = set()
         self._paused: frozenset[str] = frozenset()
+        self._tenant_caps: dict[str, int] = {}
+        self._type_caps: dict[str, int] = {}
+        self._parked: dict[Scope, list[Pending[Delivery]]] = {}
+        self._cap_retry: dict[Scope, asyncio.TimerHandle] = {}
+        self._cap_backoff: dict[Scope, float] = {}
+        broker_timeout = settings.broker_consumer_timeout_seconds
+        # held deliveries are handed back before RabbitMQ's consumer_timeout would
+        # close the channel under them (SEMANTICS §1)
+        self.hold_limit = broker_timeout - 60.0 if broker_timeout > 120 else broker_timeout / 2
         self._fatal: BaseException | None = None
         self._started: _Parts | None = None
 
@@ -333,31 +351,84 @@ class Worker:
             raise ContractViolation("unknown_type", str(exc)) from None
         return Delivery(message, envelope, spec, spec.validate_args(envelope.args))
 
-    def _apply_tenant_settings(self, tenants: list[TenantSettings]) -> None:
-        """Weights go to the scheduler; a paused tenant's deliveries are held, not run."""
+    def _apply_tenant_settings(
+        self, tenants: list[TenantSettings], types: list[JobTypeSettings]
+    ) -> None:
+        """Weights go to the scheduler; paused tenants are held; caps route claims."""
         for tenant in tenants:
             self.scheduler.set_weight(tenant.name, tenant.weight)
         paused = frozenset(t.name for t in tenants if t.paused)
         if paused != self._paused:
             log.info("paused_tenants", tenants=sorted(paused))
             self._paused = paused
-            self._dispatch()
+        tenant_caps = {t.name: t.max_running for t in tenants if t.max_running is not None}
+        type_caps = {t.name: t.max_running for t in types if t.max_running is not None}
+        if tenant_caps != self._tenant_caps or type_caps != self._type_caps:
+            log.info("fleet_caps", tenants=tenant_caps, types=type_caps)
+            self._tenant_caps, self._type_caps = tenant_caps, type_caps
+            for scope in list(self._parked):  # a changed cap is re-checked at once
+                self._unpark(scope)
+        self._dispatch()
 
     def _eligible(self, tenant: str) -> bool:
-        return tenant not in self._paused
+        return tenant not in self._paused and ("tenant", tenant) not in self._parked
 
     def _dispatch(self) -> None:
         """Start jobs while there are free slots and held deliveries."""
         limit = self.settings.concurrency
-        eligible = self._eligible if self._paused else None
         while self._running < limit and not self._closing:
+            eligible = self._eligible if self._paused or self._parked else None
             pending = self.scheduler.pop(time.monotonic(), eligible)
             if pending is None:
                 return
+            delivery = pending.payload
+            type_scope = ("type", delivery.spec.name)
+            if type_scope in self._parked:  # its type is at its cap: wait, holding no slot
+                self._parked[type_scope].append(pending)
+                continue
+            capped = (
+                delivery.envelope.tenant in self._tenant_caps
+                or delivery.spec.name in self._type_caps
+            )
             self._running += 1
-            task = asyncio.create_task(self._parts.runner.process(pending.payload))
+            task = asyncio.create_task(self._run_one(pending, capped))
             self._tasks.add(task)
             task.add_done_callback(self._job_done)
+
+    async def _run_one(self, pending: Pending[Delivery], capped: bool) -> None:
+        verdict = await self._parts.runner.process(pending.payload, capped=capped)
+        if verdict is not None and self._closing:  # the drain handed the others back
+            await settle(pending.payload.message, requeue=True)
+        elif verdict is not None:  # "capped:tenant" or "capped:type": hold it, not nack it
+            kind = verdict.removeprefix("capped:")
+            name = pending.tenant if kind == "tenant" else pending.payload.spec.name
+            self._park((kind, name), pending)
+        else:
+            self._cap_backoff.pop(("tenant", pending.tenant), None)
+            self._cap_backoff.pop(("type", pending.payload.spec.name), None)
+            # a place of this tenant or type may have freed here: re-check its waiters
+            for scope in (("tenant", pending.tenant), ("type", pending.payload.spec.name)):
+                if scope in self._parked:
+                    self._unpark(scope)
+
+    def _park(self, scope: Scope, pending: Pending[Delivery]) -> None:
+        """Hold a delivery whose cap is full; re-check the cap after a backoff."""
+        self.metrics.cap_waits.labels(scope[0]).inc()
+        self._parked.setdefault(scope, []).append(pending)
+        if scope not in self._cap_retry:
+            delay = self._cap_backoff.get(scope, CAP_RETRY_FIRST)
+            self._cap_backoff[scope] = min(delay * 2, CAP_RETRY_MAX)
+            loop = asyncio.get_running_loop()
+            self._cap_retry[scope] = loop.call_later(delay, self._unpark, scope)
+
+    def _unpark(self, scope: Scope) -> None:
+        """Give a cap's waiting deliveries back to the scheduler (keeping their age)."""
+        handle = self._cap_retry.pop(scope, None)
+        if handle is not None:
+            handle.cancel()
+        for pending in self._parked.pop(scope, []):
+            self.scheduler.push(pending)
+        self._dispatch()
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._running -= 1
@@ -448,6 +519,7 @@ class Worker:
                     self.metrics.heartbeat_lag.set(now - next_beat)
                     next_beat = now + settings.heartbeat_seconds
                     await self._extend_leases()
+                    await self._requeue_stale_holds()
             except DatabaseUnavailable as exc:
                 self._set_db_ok(False)
                 log.warning("heartbeat_failed", error=str(exc))
@@ -462,7 +534,6 @@ class Worker:
         if not held:
             return
         alive = await self._parts.store.extend_leases(held, self.settings.lease_seconds)
-        now = time.monotonic()
         self.metrics.lease_extensions.inc(len(alive))
         for job_id, attempt in held:
             state = self.inflight.get(job_id)
@@ -475,8 +546,29 @@ class Worker:
             elif (reason := alive[job_id]) is not None:
                 log.info("job_cancel_requested", job_id=job_id, reason=reason)
                 self._parts.runner.stop(state, f"cancelled: {reason}")
+
+    async def _requeue_stale_holds(self) -> None:
+        """Hand back deliveries held unclaimed for too long (a saturated worker, a full cap).
+
+        RabbitMQ's consumer_timeout would otherwise close the consuming
+        channel; requeued, they go to whichever worker has room, or come back.
+        """
+        cutoff = time.monotonic() - self.hold_limit
+        stale = self.scheduler.remove_where(lambda p: p.enqueued_at < cutoff)
+        for scope, parked in list(self._parked.items()):
+            keep = [p for p in parked if p.enqueued_at >= cutoff]
+            stale.extend(p for p in parked if p.enqueued_at < cutoff)
+            if keep:
+                self._parked[scope] = keep
             else:
-                await self._parts.runner.ack_if_old(state, now)
+                del self._parked[scope]
+                if (handle := self._cap_retry.pop(scope, None)) is not None:
+                    handle.cancel()
+        for pending in stale:
+            self.metrics.held_requeued.inc()
+            await settle(pending.payload.message, requeue=True)
+        if stale:
+            log.info("held_deliveries_requeued", count=len(stale))
 
     async def _health_loop(self) -> None:
         while not self._loops_stop.is_set():
@@ -518,7 +610,14 @@ class Worker:
         self.ready.clear()
         log.info("worker_draining", in_flight=len(self._tasks), held=len(self.scheduler))
         await self._parts.broker.cancel_consumers()
-        for pending in self.scheduler.drain():
+        for handle in self._cap_retry.values():
+            handle.cancel()
+        self._cap_retry.clear()
+        waiting = self.scheduler.drain()
+        for parked in self._parked.values():
+            waiting.extend(parked)
+        self._parked.clear()
+        for pending in waiting:
             await settle(pending.payload.message, requeue=True)
         grace = self.settings.shutdown_grace_seconds
         if self._tasks:

@@ -334,6 +334,7 @@ async def test_stats(settings: Settings, worker: WorkerProcess) -> None:
     assert table.returncode == 0, table.stderr
     header, *rows = table.stdout.strip().splitlines()
     assert header.split()[:3] == ["queue", "tenant", "queued"]
+    assert header.split()[-3:] == ["drain/s", "est.", "wait"]
     assert any(row.split()[:2] == ["default", "acme"] for row in rows), table.stdout
 
     assert as_json.returncode == 0, as_json.stderr
@@ -342,6 +343,8 @@ async def test_stats(settings: Settings, worker: WorkerProcess) -> None:
     acme = [row for row in parsed if (row["queue"], row["tenant"]) == ("default", "acme")]
     assert len(acme) == 1, parsed
     assert acme[0]["failed"] == 1, parsed
+    assert acme[0]["finished"] == 1 and acme[0]["depth"] == 0, parsed
+    assert acme[0]["drain_rate_per_second"] == 0.0 and acme[0]["estimated_wait_seconds"] == 0.0
 
 
 def test_tenants_commands(settings: Settings) -> None:
@@ -372,3 +375,42 @@ def test_tenants_commands(settings: Settings) -> None:
     assert bad_name.returncode == 2 and "tenant name" in bad_name.stderr
     bad_weight = run("set", "acme", "--weight", "0")
     assert bad_weight.returncode == 2 and "--weight" in bad_weight.stderr
+    # caps: set, shown, removed; an unknown tenant is created; bad caps exit 2
+    assert run("set", "newcomer", "--max-running", "3").returncode == 0
+    rows = json.loads(run("list", "--json").stdout)
+    assert {r["name"]: r["max_running"] for r in rows} == {"acme": None, "newcomer": 3}
+    assert "max running 3" in run("list").stdout
+    assert run("set", "newcomer", "--max-running", "none").returncode == 0
+    rows = json.loads(run("list", "--json").stdout)
+    assert {r["name"]: r["max_running"] for r in rows}["newcomer"] is None
+    for bad in ("-1", "three", "2.5"):
+        refused = run("set", "acme", "--max-running", bad)
+        assert refused.returncode == 2 and "--max-running" in refused.stderr, bad
+
+
+def test_types_commands(settings: Settings) -> None:
+    """`types set TYPE --max-running N|none` and `types list`; bad values exit 2."""
+    env = worker_env(settings)
+    env["PYTHONPATH"] = str(ROOT)
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "coldbrew", "types", *argv],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    assert "no job type has a cap" in run("list").stdout
+    assert run("set", "transcode", "--max-running", "4").returncode == 0
+    rows = json.loads(run("list", "--json").stdout)
+    assert [(r["name"], r["max_running"]) for r in rows] == [("transcode", 4)]
+    assert run("set", "transcode", "--max-running", "none").returncode == 0
+    assert "no cap" in run("list").stdout
+    refused = run("set", "transcode", "--max-running", "-5")
+    assert refused.returncode == 2 and "--max-running" in refused.stderr
+    bad_name = run("set", "no spaces", "--max-running", "1")
+    assert bad_name.returncode == 2 and "job type" in bad_name.stderr

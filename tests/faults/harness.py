@@ -107,8 +107,22 @@ class Fleet:
                 worker.process.kill()
                 worker.process.wait(timeout=10)
 
-    def random_worker(self, rng: random.Random) -> WorkerProcess:
-        return rng.choice(self.workers)
+    async def random_busy_worker(self, rng: random.Random) -> WorkerProcess:
+        """A random worker among those holding running jobs (any worker if none does).
+
+        A fresh replacement worker often holds nothing yet; killing it would
+        do no harm and prove nothing.
+        """
+        conn = await asyncpg.connect(
+            DATABASE_URL, server_settings={"search_path": self.settings.namespace}
+        )
+        try:
+            rows = await conn.fetch("SELECT DISTINCT worker_id FROM jobs WHERE status = 'running'")
+        finally:
+            await conn.close()
+        busy_pids = {int(r["worker_id"].rsplit("-", 1)[-1]) for r in rows if r["worker_id"]}
+        busy = [w for w in self.workers if w.pid in busy_pids]
+        return rng.choice(busy or self.workers)
 
 
 def is_ready(port: int) -> bool:
@@ -179,6 +193,8 @@ class Verdict:
     counts: dict[str, int]
     attempts_histogram: dict[int, int]
     recoveries: list[float]
+    starts_by_pid: dict[int, int]
+    last_start: float
 
 
 async def check_guarantees(
@@ -189,7 +205,9 @@ async def check_guarantees(
     conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": namespace})
     try:
         rows = await conn.fetch(
-            "SELECT id, type, status, attempt, result FROM jobs WHERE id = ANY($1)", ids
+            "SELECT id, type, status, attempt, result, dead_reason, error_kind, error_message"
+            " FROM jobs WHERE id = ANY($1)",
+            ids,
         )
         effects = await conn.fetch(
             "SELECT job_id, count(*) AS n FROM fault_effects GROUP BY job_id"
@@ -203,7 +221,19 @@ async def check_guarantees(
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
-    not_ok = [(r["id"], r["type"], r["status"]) for r in rows if r["status"] != "succeeded"]
+    not_ok = [
+        (
+            r["id"],
+            r["type"],
+            r["status"],
+            r["attempt"],
+            r["dead_reason"],
+            r["error_kind"],
+            r["error_message"],
+        )
+        for r in rows
+        if r["status"] != "succeeded"
+    ]
     assert not not_ok, f"jobs that did not succeed: {not_ok[:10]}"
     for row in rows:
         result = json.loads(row["result"])
@@ -224,7 +254,11 @@ async def check_guarantees(
     histogram: dict[int, int] = {}
     for row in rows:
         histogram[row["attempt"]] = histogram.get(row["attempt"], 0) + 1
-    return Verdict(counts, histogram, recovery_times(starts, kills))
+    by_pid: dict[int, int] = {}
+    for row in starts:
+        by_pid[row["pid"]] = by_pid.get(row["pid"], 0) + 1
+    last_start = max((float(row["t"]) for row in starts), default=0.0)
+    return Verdict(counts, histogram, recovery_times(starts, kills), by_pid, last_start)
 
 
 def recovery_times(starts: list[Any], kills: list[tuple[float, int]]) -> list[float]:

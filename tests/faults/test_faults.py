@@ -22,10 +22,12 @@ from pathlib import Path
 import aio_pika
 import pytest
 
+from coldbrew.app import load_app
 from coldbrew.client import Client
 from coldbrew.settings import Settings
 from tests.conftest import AMQP_URL, make_settings
 from tests.faults.harness import (
+    FAULT_APP,
     Fleet,
     check_guarantees,
     is_ready,
@@ -76,7 +78,8 @@ def report(capsys: pytest.CaptureFixture[str], name: str, **figures: object) -> 
 
 
 async def run_load(fleet: Fleet, rng: random.Random) -> list[str]:
-    async with Client.connect(fleet.settings) as client:
+    # with the app, jobs carry their own max_attempts (10), not COLDBREW_MAX_ATTEMPTS (5)
+    async with Client.connect(fleet.settings, app=load_app(FAULT_APP)) as client:
         return await submit_load(client, JOBS, rng)
 
 
@@ -88,7 +91,7 @@ async def test_kill_9_random_workers(fleet: Fleet, capsys: pytest.CaptureFixture
     kills: list[tuple[float, int]] = []
     for _ in range(5):
         await asyncio.sleep(2.5)
-        victim = fleet.random_worker(rng)
+        victim = await fleet.random_busy_worker(rng)
         kills.append((time.time(), victim.pid))
         fleet.kill(victim)
         await fleet.wait_ready(fleet.start_one())
@@ -103,6 +106,9 @@ async def test_kill_9_random_workers(fleet: Fleet, capsys: pytest.CaptureFixture
         attempts=verdict.attempts_histogram,
         recoveries=len(verdict.recoveries),
         max_recovery_s=round(max(verdict.recoveries, default=0), 2),
+        starts_by_pid=verdict.starts_by_pid,
+        killed=[pid for _, pid in kills],
+        last_start_after_first_kill_s=round(verdict.last_start - kills[0][0], 2),
     )
     assert verdict.recoveries, "no job was running on a killed worker: the scenario did no harm"
     assert max(verdict.recoveries) <= RECOVERY_BOUND
@@ -114,7 +120,7 @@ async def test_hung_worker_is_fenced(fleet: Fleet, capsys: pytest.CaptureFixture
     await fleet.start(3)
     ids = await run_load(fleet, rng)
     await asyncio.sleep(1.5)
-    victim = fleet.random_worker(rng)
+    victim = await fleet.random_busy_worker(rng)
     stopped_at = time.time()
     fleet.kill(victim, signal.SIGSTOP)
     await asyncio.sleep(LEASE + 4.0)

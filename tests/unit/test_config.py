@@ -180,10 +180,12 @@ def test_dotenv_in_the_working_directory_is_read(tmp_path: Path) -> None:
     assert load_settings().namespace == "from_dotenv"
 
 
-def test_effective_prefetch_follows_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prefetch 0 means "as many as the job slots", capped at 1000; a set value wins."""
+def test_effective_prefetch_is_small_per_tenant_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefetch 0 means min(concurrency, 32) waiting deliveries per queue; a set value wins."""
     monkeypatch.setenv("COLDBREW_CONCURRENCY", "5000")
-    assert load_settings().effective_prefetch == 1000
+    assert load_settings().effective_prefetch == 32
+    monkeypatch.setenv("COLDBREW_CONCURRENCY", "4")
+    assert load_settings().effective_prefetch == 4
     monkeypatch.setenv("COLDBREW_PREFETCH", "3")
     assert load_settings().effective_prefetch == 3
 

@@ -323,3 +323,34 @@ def test_two_registries_do_not_share_state() -> None:
     Metrics(two)
     assert one.get_sample_value("coldbrew_leases_lost_total") == 1.0
     assert two.get_sample_value("coldbrew_leases_lost_total") == 0.0
+
+
+# --- drain rate and estimated wait ------------------------------------------------------
+
+
+def test_drain_rate_needs_two_readings_then_follows_the_counter() -> None:
+    from coldbrew.stats import DrainRates
+
+    rates = DrainRates(window=60.0)
+    key = ("default", "acme")
+    rates.observe(key, 100, now=0.0)
+    assert key not in rates.rates
+    assert rates.estimated_wait(key, 10) == float("inf")  # no rate known: never, honestly
+    rates.observe(key, 150, now=5.0)
+    assert rates.rates[key] == 10.0  # the first sample is taken as is
+    assert rates.estimated_wait(key, 40) == 4.0
+    assert rates.estimated_wait(key, 0) == 0.0
+    rates.observe(key, 150, now=10.0)  # nothing drained for 5 s: the rate decays, not drops
+    assert 0 < rates.rates[key] < 10.0
+    rates.observe(key, 20, now=15.0)  # counter went back (table recreated): ignored
+    assert 0 < rates.rates[key] < 10.0
+
+
+def test_drain_rate_average_converges_to_a_steady_rate() -> None:
+    from coldbrew.stats import DrainRates
+
+    rates = DrainRates(window=10.0)
+    key = ("default", "b")
+    for second in range(0, 200, 5):
+        rates.observe(key, second * 7, now=float(second))
+    assert abs(rates.rates[key] - 7.0) < 1e-6

@@ -17,10 +17,10 @@ from coldbrew.store import JobStore
 
 STORE_SOURCE = Path(coldbrew.store.__file__).read_text(encoding="utf-8")
 SRC = Path(coldbrew.store.__file__).parent
-STORE_HELPERS = {"_fetch", "_fetchrow", "_fetchval", "_execute"}
+STORE_HELPERS = {"_fetch", "_batch_fetch", "_fetchrow", "_fetchval", "_execute"}
 # Call sites whose argument count cannot be read from the call itself (executemany
-# takes rows); each one is checked another way below.
-UNCOUNTED = {"insert_rejected"}
+# takes rows; the claim queries take a built tuple); each one is checked another way below.
+UNCOUNTED = {"insert_rejected", "claim_batch", "register_waiting"}
 
 
 def _queries_subscript(node: ast.AST) -> str | None:
@@ -104,6 +104,16 @@ def test_call_sites_pass_the_right_number_of_parameters(name: str) -> None:
     assert COUNTED.get(name), f"no countable call site for {name}"
     for count in COUNTED[name]:
         assert count == query.param_count, f"{name}: a call passes {count} of {query.param_count}"
+
+
+def test_claim_argument_tuples_match_their_queries() -> None:
+    """claim_batch and register_waiting get built tuples: one value per placeholder."""
+    from coldbrew.store import ClaimRequest, _waiting_args
+
+    request = ClaimRequest("j1", "t", "default", "default", {}, 0, 3, None, None)
+    store = JobStore.__new__(JobStore)
+    assert len(store._claim_args([request])) == QUERIES["claim_batch"].param_count
+    assert len(_waiting_args(request)) == QUERIES["register_waiting"].param_count
 
 
 def test_insert_rejected_rows_have_one_value_per_parameter() -> None:

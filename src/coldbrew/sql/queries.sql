@@ -77,30 +77,40 @@ JOIN input AS i ON i.id = j.id
 WHERE j.id NOT IN (SELECT id FROM claimed);
 
 -- name: complete_batch
--- Write outcomes fenced by attempt, with progress not yet flushed; returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons, $9 progress fractions, $10 progress messages)
-UPDATE jobs AS j
-SET status = u.status::job_status,
-    result = u.result,
-    error_kind = u.error_kind,
-    error_message = u.error_message,
-    dead_reason = u.dead_reason,
-    finished_at = CASE WHEN u.status = 'retrying' THEN NULL ELSE now() END,
-    run_at = CASE WHEN u.status = 'retrying' THEN now() + make_interval(secs => u.delay)
-                  ELSE j.run_at END,
-    publish_after = CASE WHEN u.status = 'retrying' THEN now() + make_interval(secs => u.delay)
-                         ELSE NULL END,
-    progress = CASE WHEN u.status = 'succeeded' THEN 1
-                    ELSE coalesce(u.progress, j.progress) END,
-    progress_message = coalesce(u.progress_message, j.progress_message),
-    lease_expires_at = NULL,
-    worker_id = NULL,
-    updated_at = now()
-FROM unnest($1::text[], $2::int4[], $3::text[], $4::jsonb[], $5::text[], $6::text[],
-            $7::float8[], $8::text[], $9::float4[], $10::text[])
-     AS u(id, attempt, status, result, error_kind, error_message, delay, dead_reason,
-          progress, progress_message)
-WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
-RETURNING j.id;
+-- Write outcomes fenced by attempt, with progress not yet flushed, and count finished jobs per lane and tenant for the drain rate; returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons, $9 progress fractions, $10 progress messages)
+WITH written AS (
+    UPDATE jobs AS j
+    SET status = u.status::job_status,
+        result = u.result,
+        error_kind = u.error_kind,
+        error_message = u.error_message,
+        dead_reason = u.dead_reason,
+        finished_at = CASE WHEN u.status = 'retrying' THEN NULL ELSE now() END,
+        run_at = CASE WHEN u.status = 'retrying' THEN now() + make_interval(secs => u.delay)
+                      ELSE j.run_at END,
+        publish_after = CASE WHEN u.status = 'retrying' THEN now() + make_interval(secs => u.delay)
+                             ELSE NULL END,
+        progress = CASE WHEN u.status = 'succeeded' THEN 1
+                        ELSE coalesce(u.progress, j.progress) END,
+        progress_message = coalesce(u.progress_message, j.progress_message),
+        lease_expires_at = NULL,
+        worker_id = NULL,
+        updated_at = now()
+    FROM unnest($1::text[], $2::int4[], $3::text[], $4::jsonb[], $5::text[], $6::text[],
+                $7::float8[], $8::text[], $9::float4[], $10::text[])
+         AS u(id, attempt, status, result, error_kind, error_message, delay, dead_reason,
+              progress, progress_message)
+    WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
+    RETURNING j.id, j.queue, j.tenant, j.status
+),
+counted AS (
+    -- sorted, so that concurrent batches lock counter rows in one order (no deadlock)
+    INSERT INTO queue_counters AS c (queue, tenant, finished)
+    SELECT queue, tenant, count(*) FROM written WHERE status <> 'retrying'
+    GROUP BY queue, tenant ORDER BY queue, tenant
+    ON CONFLICT (queue, tenant) DO UPDATE SET finished = c.finished + excluded.finished
+)
+SELECT id FROM written;
 
 -- name: extend_leases
 -- Heartbeat: extend the leases of jobs still held; returns them with their cancel flag ($1 ids, $2 attempts, $3 lease seconds)
@@ -237,11 +247,52 @@ SELECT EXISTS (SELECT 1 FROM added) AS added;
 SELECT name, weight, max_running, paused, created_at FROM tenants ORDER BY name;
 
 -- name: set_tenant
--- Create or change a tenant; a null leaves that setting as it is ($1 name, $2 weight or null, $3 paused or null)
-INSERT INTO tenants (name, weight, paused) VALUES ($1, coalesce($2, 1), coalesce($3, false))
+-- Create or change a tenant; a null leaves that setting as it is ($1 name, $2 weight or null, $3 paused or null, $4 max running or null, $5 true to remove the cap)
+INSERT INTO tenants (name, weight, paused, max_running)
+VALUES ($1, coalesce($2::real, 1), coalesce($3::bool, false),
+        CASE WHEN $5::bool THEN NULL ELSE $4::int4 END)
 ON CONFLICT (name) DO UPDATE
-SET weight = coalesce($2, tenants.weight), paused = coalesce($3, tenants.paused)
+SET weight = coalesce($2::real, tenants.weight), paused = coalesce($3::bool, tenants.paused),
+    max_running = CASE WHEN $5::bool THEN NULL ELSE coalesce($4::int4, tenants.max_running) END
 RETURNING name, weight, max_running, paused, created_at;
+
+-- name: list_job_types
+-- Every job type with a fleet-wide setting
+SELECT name, max_running, created_at FROM job_types ORDER BY name;
+
+-- name: set_job_type
+-- Create or change a job type's fleet-wide cap ($1 name, $2 max running, or null for no cap)
+INSERT INTO job_types (name, max_running) VALUES ($1, $2::int4)
+ON CONFLICT (name) DO UPDATE SET max_running = $2::int4
+RETURNING name, max_running, created_at;
+
+-- name: lock_cap_scopes
+-- Serialize capped claims of one tenant, then of one job type (always in that order, so never a deadlock), until the transaction ends; the key includes the schema because advisory locks are database-wide ($1 tenant, $2 type)
+SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || ':cap:tenant:' || $1, 0)),
+       pg_advisory_xact_lock(hashtextextended(current_schema() || ':cap:type:' || $2, 0));
+
+-- name: cap_room
+-- Under the scope locks: the tenant's and the type's caps and how many of their jobs run now, fleet-wide ($1 tenant, $2 type)
+SELECT (SELECT max_running FROM tenants WHERE name = $1) AS tenant_cap,
+       (SELECT max_running FROM job_types WHERE name = $2) AS type_cap,
+       (SELECT count(*) FROM jobs WHERE status = 'running' AND tenant = $1) AS tenant_running,
+       (SELECT count(*) FROM jobs WHERE status = 'running' AND type = $2) AS type_running;
+
+-- name: register_waiting
+-- A capped job waits: record it as queued if it has no row yet, so that status and stats see it ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key)
+INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
+                  idempotency_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (id) DO NOTHING;
+
+-- name: claimability
+-- Whether a delivered job could be claimed now (else it is a duplicate), with what a claim result reports ($1 id)
+SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, status::text AS status,
+       (NOT cancel_requested
+        AND (status = 'queued'
+             OR (status = 'retrying' AND run_at <= now())
+             OR (status = 'running' AND lease_expires_at < now()))) AS claimable
+FROM jobs WHERE id = $1;
 
 -- name: notify_tenant_queue
 -- Tell the fleet a (lane, tenant) queue exists ($1 channel, $2 payload "queue.tenant")
@@ -296,7 +347,7 @@ LIMIT $2;
 SELECT reason, count(*) AS count FROM rejected_messages GROUP BY reason ORDER BY reason;
 
 -- name: queue_stats
--- Per lane and tenant: counts by status and the oldest waiting job's age in seconds
+-- Per lane and tenant: counts by status, the oldest waiting job's age in seconds, and how many jobs have finished so far (the drain rate is its change over time)
 SELECT queue, tenant,
        count(*) FILTER (WHERE status = 'queued') AS queued,
        count(*) FILTER (WHERE status = 'running') AS running,
@@ -305,8 +356,10 @@ SELECT queue, tenant,
        count(*) FILTER (WHERE status = 'failed') AS failed,
        coalesce(extract(epoch FROM now() - min(created_at)
                         FILTER (WHERE status IN ('queued', 'retrying'))), 0)::float8
-           AS oldest_waiting_seconds
-FROM jobs
+           AS oldest_waiting_seconds,
+       coalesce((SELECT finished FROM queue_counters AS c
+                 WHERE c.queue = j.queue AND c.tenant = j.tenant), 0) AS finished
+FROM jobs AS j
 WHERE status IN ('queued', 'running', 'retrying', 'dead', 'failed')
 GROUP BY queue, tenant
 ORDER BY queue, tenant;

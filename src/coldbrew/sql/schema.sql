@@ -41,6 +41,7 @@ CREATE INDEX jobs_lease_expiry ON jobs (lease_expires_at) WHERE status = 'runnin
 CREATE INDEX jobs_waiting ON jobs (queue, tenant, created_at)
     WHERE status IN ('queued', 'retrying');
 CREATE INDEX jobs_dead ON jobs (finished_at) WHERE status = 'dead';
+CREATE INDEX jobs_running ON jobs (tenant, type) WHERE status = 'running';
 
 CREATE TABLE job_once (
     job_id      text NOT NULL,
@@ -63,6 +64,19 @@ CREATE TABLE tenants (
     max_running  integer CHECK (max_running >= 0),
     paused       boolean NOT NULL DEFAULT false,
     created_at   timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE job_types (
+    name         text PRIMARY KEY,
+    max_running  integer CHECK (max_running >= 0),
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE queue_counters (
+    queue     text NOT NULL,
+    tenant    text NOT NULL,
+    finished  bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, tenant)
 );
 
 CREATE TABLE rejected_messages (
