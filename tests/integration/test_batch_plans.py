@@ -1,0 +1,80 @@
+"""The group-commit statements probe ``jobs`` by key, whatever the table's statistics say.
+
+A generic plan costed while the table looked empty hash-joins a sequential
+scan of ``jobs``; on a table of thousands of rows each batch then reads all
+of them (bench/throughput.py saw 4× the PostgreSQL CPU per job). The
+dedicated batch connections rule that shape out (``KEYED_BATCH_PLANS``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+from coldbrew.settings import Settings
+from coldbrew.sql import QUERIES
+from coldbrew.store import KEYED_BATCH_PLANS, connection_settings
+
+BATCH = 20
+
+
+def claim_args(ids: list[str]) -> list[Any]:
+    n = len(ids)
+    return [ids, ["noop"] * n, ["default"] * n, ["default"] * n, ["{}"] * n, [0] * n,
+            [3] * n, [None] * n, [None] * n, 300.0, "w1"]  # fmt: skip
+
+
+def complete_args(ids: list[str]) -> list[Any]:
+    n = len(ids)
+    return [ids, [1] * n, ["succeeded"] * n, [None] * n, [None] * n, [None] * n, [0.0] * n,
+            [None] * n, [None] * n, [None] * n]  # fmt: skip
+
+
+async def generic_plan(conn: asyncpg.Connection, name: str, args: list[Any]) -> str:
+    rows = await conn.fetch(f"EXPLAIN (FORMAT JSON) {QUERIES[name].text}", *args)
+    return json.dumps(json.loads(rows[0][0]))
+
+
+async def plans(settings: Settings, extra: dict[str, str]) -> dict[str, str]:
+    """Generic plans costed on an empty table, then used on a grown one (as a cached plan is)."""
+    conn = await asyncpg.connect(
+        settings.database_url,
+        server_settings={
+            **connection_settings(settings.namespace),
+            **extra,
+            "plan_cache_mode": "force_generic_plan",
+        },
+    )
+    try:
+        ids = [f"plan-{i}" for i in range(BATCH)]
+        await conn.execute("ANALYZE jobs")  # statistics of the empty table
+        found = {
+            "claim_batch": await generic_plan(conn, "claim_batch", claim_args(ids)),
+            "complete_batch": await generic_plan(conn, "complete_batch", complete_args(ids)),
+        }
+        await conn.execute(
+            "INSERT INTO jobs (id, type, queue, tenant, max_attempts, status, attempt)"
+            " SELECT 'old-' || g, 'noop', 'default', 'default', 3, 'succeeded', 1"
+            " FROM generate_series(1, 5000) AS g"
+        )
+        await conn.fetch(QUERIES["claim_batch"].text, *claim_args(ids))  # the plan still works
+        done = await conn.fetch(QUERIES["complete_batch"].text, *complete_args(ids))
+        assert len(done) == BATCH
+        return found
+    finally:
+        await conn.close()
+
+
+async def test_batch_connections_probe_jobs_by_key(settings: Settings) -> None:
+    found = await plans(settings, dict(KEYED_BATCH_PLANS))
+    for name, plan in found.items():
+        assert '"Seq Scan"' not in plan, f"{name} scans jobs: {plan}"
+        assert "jobs_pkey" in plan, f"{name} does not probe the primary key: {plan}"
+
+
+async def test_without_the_settings_the_plan_scans(settings: Settings) -> None:
+    """The test above can fail: PostgreSQL's own choice on an empty table is the scan."""
+    found = await plans(settings, {})
+    assert any('"Seq Scan"' in plan for plan in found.values())
