@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: processes, /proc readings, publishing and clean-up.
+"""Helpers shared by the benchmarks: processes, /proc readings, publishing, clean-up, and
+``run_main``, every script's ``main()`` tail (event loop, exit codes, the report).
 
 Nothing here imports the code under test beyond names (``Topology``) and
 ``quote_ident``: the producer side is plain aio-pika, as a producer in any
@@ -18,21 +19,42 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aio_pika
 import asyncpg
+from aiormq.exceptions import AMQPError
 
+from coldbrew.errors import ColdbrewError
 from coldbrew.migrate import quote_ident
 from coldbrew.topology import Topology
+
+if TYPE_CHECKING:
+    from bench.throughput import Config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 NOOP_BODY = json.dumps({"type": "noop", "args": {}}, separators=(",", ":")).encode()
+
+
+class BenchError(RuntimeError):
+    """A side could not be measured (the message says why)."""
+
+
+# What a run can fail with when a service is down or misbehaves: exit 1 with the message.
+SERVICE_ERRORS = (BenchError, ColdbrewError, OSError, asyncpg.PostgresError, AMQPError)
 
 
 def progress(message: str) -> None:
@@ -280,6 +302,135 @@ async def http_status(port: int, path: str) -> int | None:
     return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
 
 
+def worker_env(cfg: Config, namespace: str, port: int) -> dict[str, str]:
+    """The environment of a ``coldbrew`` subprocess on ``namespace`` (metrics on ``port``)."""
+    return child_env(
+        {
+            "COLDBREW_AMQP_URL": cfg.amqp_url,
+            "COLDBREW_DATABASE_URL": cfg.database_url,
+            "COLDBREW_NAMESPACE": namespace,
+            "COLDBREW_CONCURRENCY": str(cfg.concurrency),
+            "COLDBREW_METRICS_HOST": "127.0.0.1",
+            "COLDBREW_METRICS_PORT": str(port),
+            "COLDBREW_SHUTDOWN_GRACE_SECONDS": "10",
+            "COLDBREW_LOG_FORMAT": "json",
+            "COLDBREW_LOG_LEVEL": "info",
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RunningWorker:
+    process: asyncio.subprocess.Process
+    port: int
+    log_path: Path
+    ready_at: float
+    """``time.time()`` when ``/readyz`` first answered 200."""
+    ready_seconds: float
+    """Seconds from just before the start to ``/readyz`` answering 200."""
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+@contextlib.asynccontextmanager
+async def worker_process(
+    cfg: Config,
+    namespace: str,
+    label: str,
+    *,
+    app_ref: str = "bench.apps:app",
+    extra_env: Mapping[str, str] | None = None,
+    log_path: Path | None = None,
+    ready_timeout: float = 60.0,
+    stop_grace: float = 20.0,
+    stop_times: dict[str, float] | None = None,
+) -> AsyncIterator[RunningWorker]:
+    """A ``coldbrew worker APP_REF`` subprocess with ``worker_env`` plus ``extra_env``, ready.
+
+    Ready means ``/readyz`` answered 200 within ``ready_timeout`` seconds. Its
+    output goes to ``log_path`` (default ``<workdir>/worker-<namespace>.log``).
+    SIGTERMed on the way out (SIGKILL after ``stop_grace``); the seconds from
+    SIGTERM to exit go to ``stop_times["stop_seconds"]`` when given.
+    """
+    port = free_port()
+    env = worker_env(cfg, namespace, port) | dict(extra_env or {})
+    if log_path is None:
+        log_path = cfg.workdir / f"worker-{namespace}.log"
+    started = time.perf_counter()
+    with log_path.open("wb") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "coldbrew",
+            "worker",
+            app_ref,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=cfg.workdir,
+            start_new_session=True,
+        )
+    try:
+        while await http_status(port, "/readyz") != 200:
+            if process.returncode is not None:
+                raise BenchError(f"{label}: worker exited {process.returncode}:\n{tail(log_path)}")
+            if time.perf_counter() - started > ready_timeout:
+                raise BenchError(
+                    f"{label}: worker not ready after {ready_timeout:g} s:\n{tail(log_path)}"
+                )
+            await asyncio.sleep(0.02)
+        yield RunningWorker(process, port, log_path, time.time(), time.perf_counter() - started)
+    finally:
+        stopping = time.perf_counter()
+        await stop_process(process, grace=stop_grace)
+        if stop_times is not None:
+            stop_times["stop_seconds"] = time.perf_counter() - stopping
+        if process.returncode not in (0, None):
+            progress(f"{label}: worker exited {process.returncode}; log tail:\n{tail(log_path)}")
+
+
+async def http_get(port: int, path: str, timeout: float = 5.0) -> bytes | None:
+    """Body of ``GET http://127.0.0.1:<port><path>`` when it answers 200, else None."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                request = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                writer.write(request.encode())
+                await writer.drain()
+                data = await reader.read()
+            finally:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+    except (OSError, TimeoutError):
+        return None
+    head, _, body = data.partition(b"\r\n\r\n")
+    return body if head.split(b" ", 2)[1:2] == [b"200"] else None
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+async def scrape_metrics(port: int) -> dict[str, float]:
+    """A worker's Prometheus ``/metrics``, each metric's samples summed over labels.
+
+    Empty when it does not answer 200; a metric it does not show is absent.
+    """
+    body = await http_get(port, "/metrics")
+    found: dict[str, float] = {}
+    if body is None:
+        return found
+    for line in body.decode(errors="replace").splitlines():
+        match = _SAMPLE.match(line)
+        if match:
+            name = match.group(1)
+            found[name] = found.get(name, 0.0) + float(match.group(3))
+    return found
+
+
 def tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -347,3 +498,56 @@ class Spread:
 
     def as_dict(self) -> dict[str, float]:
         return {"median": self.median, "min": self.low, "max": self.high}
+
+
+# --- main ---------------------------------------------------------------------------------
+
+C = TypeVar("C")
+
+
+def run_main(
+    make_config: Callable[[Path], C],
+    run: Callable[[C], Awaitable[dict[str, Any]]],
+    render: Callable[[dict[str, Any]], str],
+    *,
+    json_output: bool,
+    workdir_prefix: str,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> int:
+    """Every benchmark's ``main()`` tail; returns its exit status.
+
+    Makes a temporary work directory, builds the config with ``make_config``
+    and runs ``run(cfg)`` on a new event loop (``loop_factory``'s, default
+    asyncio's) with SIGTERM cancelling it like Ctrl-C, so every ``finally``
+    cleans up. Exit 130 on Ctrl-C, 143 on SIGTERM, 1 on ``SERVICE_ERRORS`` (a
+    message on stderr); otherwise the result goes to stdout, as JSON with
+    ``json_output`` or else as ``render`` makes it, once the work directory is
+    gone, and the status is 0.
+    """
+    terminated = False
+
+    async def cancellable(cfg: C) -> dict[str, Any]:
+        main_task = asyncio.current_task()
+        assert main_task is not None
+
+        def terminate() -> None:
+            nonlocal terminated
+            terminated = True
+            main_task.cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
+        return await run(cfg)
+
+    with tempfile.TemporaryDirectory(prefix=workdir_prefix) as workdir:
+        cfg = make_config(Path(workdir))
+        try:
+            with asyncio.Runner(loop_factory=loop_factory) as runner:
+                result = runner.run(cancellable(cfg))
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            progress("interrupted: everything created was removed")
+            return 143 if terminated else 130
+        except SERVICE_ERRORS as exc:
+            progress(f"failed: {exc or type(exc).__name__} (everything created was removed)")
+            return 1
+    print(json.dumps(result, indent=2, default=str) if json_output else render(result))
+    return 0

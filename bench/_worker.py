@@ -1,11 +1,12 @@
 """Helpers for benchmarks that run a worker on an app of their own (``bench/inflight.py``,
 ``bench/procpool.py``).
 
-``bench/throughput.py`` hard-wires ``bench.apps:app`` and the no-op body, so
-this module generalises the few pieces that differ (app reference, extra
-worker settings, message body) and reuses everything else from it and
-``bench/_common.py`` by import: its ``Config`` carries the service URLs and
-the work directory, ``namespace_for`` migrates and drops a namespace.
+``bench/throughput.py`` publishes only the no-op body, so this module adds
+the pieces that differ (any message body, precise CPU, status polling,
+py-spy) and reuses everything else from it and ``bench/_common.py`` by
+import: ``throughput.Config`` carries the service URLs and the work
+directory, ``_common.worker_process`` starts a worker on any app with extra
+settings.
 """
 
 from __future__ import annotations
@@ -13,54 +14,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aio_pika
 import asyncpg
-from bench._common import (
-    cpu_seconds,
-    free_port,
-    http_status,
-    progress,
-    stop_process,
-    tail,
-)
-from bench.throughput import BenchError, Config, summarize_stacks, worker_env
+from bench._common import BenchError, RunningWorker, cpu_seconds, tail
+from bench.throughput import Config, summarize_stacks
 
 from coldbrew.broker import Broker
 from coldbrew.migrate import quote_ident
 from coldbrew.topology import Topology
 
 __all__ = [
-    "RunningWorker",
     "Spy",
     "cpu_time",
     "declare_default_queue",
-    "http_get",
-    "install_sigterm",
     "job_body",
     "publish_bodies",
     "render_profile",
-    "scrape_metrics",
     "services",
     "start_profile",
     "status_counts",
     "stop_profile",
     "wait_status_count",
-    "worker_process",
 ]
 
 ROUTING_KEY = "default.default"
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def services(amqp_url: str, database_url: str, workdir: Path) -> Config:
@@ -75,18 +62,6 @@ def services(amqp_url: str, database_url: str, workdir: Path) -> Config:
         database_url=database_url,
         workdir=workdir,
     )
-
-
-def install_sigterm(cfg: Config) -> None:
-    """SIGTERM cancels the main task, like Ctrl-C, so every ``finally`` cleans up."""
-    main_task = asyncio.current_task()
-    assert main_task is not None
-
-    def terminate() -> None:
-        cfg.terminated = True
-        main_task.cancel()
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
 
 
 # --- CPU ------------------------------------------------------------------------------
@@ -174,106 +149,6 @@ async def publish_bodies(
         return time.perf_counter() - started
     finally:
         await connection.close()
-
-
-# --- the worker ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RunningWorker:
-    process: asyncio.subprocess.Process
-    port: int
-    log_path: Path
-    ready_at: float
-    """``time.time()`` when ``/readyz`` first answered 200."""
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-
-@contextlib.asynccontextmanager
-async def worker_process(
-    cfg: Config,
-    namespace: str,
-    label: str,
-    *,
-    app_ref: str,
-    settings: Mapping[str, str],
-    stop_grace: float = 30.0,
-    stop_times: dict[str, float] | None = None,
-) -> AsyncIterator[RunningWorker]:
-    """``coldbrew worker APP_REF`` with throughput's env plus ``settings``, ready (``/readyz``).
-
-    SIGTERMed on the way out (SIGKILL after ``stop_grace``); the seconds from
-    SIGTERM to exit go to ``stop_times["stop_seconds"]`` when given.
-    """
-    port = free_port()
-    log_path = cfg.workdir / f"worker-{namespace}.log"
-    env = worker_env(cfg, namespace, port) | dict(settings)
-    with log_path.open("wb") as log_file:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "coldbrew",
-            "worker",
-            app_ref,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=cfg.workdir,
-            start_new_session=True,
-        )
-    try:
-        started = time.perf_counter()
-        while await http_status(port, "/readyz") != 200:
-            if process.returncode is not None:
-                raise BenchError(f"{label}: worker exited {process.returncode}:\n{tail(log_path)}")
-            if time.perf_counter() - started > 90:
-                raise BenchError(f"{label}: worker not ready after 90 s:\n{tail(log_path)}")
-            await asyncio.sleep(0.02)
-        yield RunningWorker(process, port, log_path, time.time())
-    finally:
-        stopping = time.perf_counter()
-        await stop_process(process, grace=stop_grace)
-        if stop_times is not None:
-            stop_times["stop_seconds"] = time.perf_counter() - stopping
-        if process.returncode not in (0, None):
-            progress(f"{label}: worker exited {process.returncode}; log tail:\n{tail(log_path)}")
-
-
-async def http_get(port: int, path: str, timeout: float = 5.0) -> bytes | None:
-    """Body of ``GET http://127.0.0.1:<port><path>`` when it answers 200, else None."""
-    try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            try:
-                request = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-                writer.write(request.encode())
-                await writer.drain()
-                data = await reader.read()
-            finally:
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-    except (OSError, TimeoutError):
-        return None
-    head, _, body = data.partition(b"\r\n\r\n")
-    return body if head.split(b" ", 2)[1:2] == [b"200"] else None
-
-
-async def scrape_metrics(port: int) -> dict[str, float]:
-    """The worker's ``/metrics``, each metric's samples summed over labels (empty on failure)."""
-    body = await http_get(port, "/metrics")
-    found: dict[str, float] = {}
-    if body is None:
-        return found
-    for line in body.decode().splitlines():
-        match = _SAMPLE.match(line)
-        if match:
-            name = match.group(1)
-            found[name] = found.get(name, 0.0) + float(match.group(3))
-    return found
 
 
 # --- the jobs table --------------------------------------------------------------------------

@@ -39,11 +39,9 @@ import contextlib
 import json
 import random
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -56,35 +54,34 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
-from aiormq.exceptions import AMQPError
 from bench._common import (
+    SERVICE_ERRORS,
+    BenchError,
+    RunningWorker,
     Spread,
     child_env,
     cpu_seconds,
     delete_broker_entities,
     drop_namespace,
-    free_port,
-    http_status,
     machine_info,
     memory_kib,
     progress,
+    run_main,
+    scrape_metrics,
     stop_process,
-    tail,
+    worker_process,
 )
 from bench.throughput import (
     DEFAULT_AMQP_URL,
     DEFAULT_DATABASE_URL,
-    BenchError,
     coldbrew_cli,
     namespace_for,
     raw_queue_arguments,
-    worker_env,
 )
 from bench.throughput import Config as BaseConfig
 
 from coldbrew import logs
 from coldbrew.broker import Broker
-from coldbrew.errors import ColdbrewError
 from coldbrew.migrate import connect_creating_database, quote_ident
 from coldbrew.settings import Settings
 from coldbrew.store import JobStore
@@ -138,7 +135,6 @@ class Bench:
     aging_seconds: float
     prefetch: int | None  # COLDBREW_PREFETCH; None leaves the worker's default (auto)
     lag: float
-    terminated: bool = False
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
     declared: dict[str, list[str]] = field(default_factory=dict)  # namespace -> queues
     created: set[str] = field(default_factory=set)  # namespaces, until their schema is gone
@@ -325,20 +321,7 @@ async def provision(cfg: Bench, namespace: str, tenants: Sequence[str]) -> None:
 # --- workers and the job table -------------------------------------------------------
 
 
-@dataclass
-class Running:
-    process: asyncio.subprocess.Process
-    port: int
-    log: Path
-    ready_seconds: float
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-
-@contextlib.asynccontextmanager
-async def worker(
+def worker(
     cfg: Bench,
     namespace: str,
     label: str,
@@ -346,42 +329,22 @@ async def worker(
     worker_id: str = "bench-1",
     aging: float | None = None,
     ready_timeout: float = 60.0,
-) -> AsyncIterator[Running]:
+) -> contextlib.AbstractAsyncContextManager[RunningWorker]:
     """A ``coldbrew worker bench.fairness_app:app`` subprocess, ready; SIGTERMed on the way out."""
-    port = free_port()
-    env = worker_env(cfg.base, namespace, port)
-    env["COLDBREW_WORKER_ID"] = worker_id
+    env = {"COLDBREW_WORKER_ID": worker_id}
     if aging is not None:
         env["COLDBREW_AGING_SECONDS"] = f"{aging:g}"
     if cfg.prefetch is not None:
         env["COLDBREW_PREFETCH"] = str(cfg.prefetch)
-    log_path = (cfg.log_dir or cfg.base.workdir) / f"worker-{namespace}-{worker_id}.log"
-    started = time.perf_counter()
-    with log_path.open("wb") as log_file:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "coldbrew",
-            "worker",
-            APP,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=cfg.base.workdir,
-            start_new_session=True,
-        )
-    try:
-        while await http_status(port, "/readyz") != 200:
-            if process.returncode is not None:
-                raise BenchError(f"{label}: worker exited {process.returncode}:\n{tail(log_path)}")
-            if time.perf_counter() - started > ready_timeout:
-                raise BenchError(f"{label}: worker not ready after {ready_timeout:g} s")
-            await asyncio.sleep(0.02)
-        yield Running(process, port, log_path, time.perf_counter() - started)
-    finally:
-        await stop_process(process)
-        if process.returncode not in (0, None):
-            progress(f"{label}: worker exited {process.returncode}; log tail:\n{tail(log_path)}")
+    return worker_process(
+        cfg.base,
+        namespace,
+        label,
+        app_ref=APP,
+        extra_env=env,
+        log_path=(cfg.log_dir or cfg.base.workdir) / f"worker-{namespace}-{worker_id}.log",
+        ready_timeout=ready_timeout,
+    )
 
 
 def jobs_table(namespace: str) -> str:
@@ -392,7 +355,7 @@ async def wait_succeeded(
     conn: asyncpg.Connection,
     namespace: str,
     target: int,
-    workers: Sequence[Running],
+    workers: Sequence[RunningWorker],
     label: str,
     *,
     where: str = "true",
@@ -462,12 +425,8 @@ def max_overlap(intervals: Sequence[tuple[float, float]]) -> int:
 
 
 TRANSIENT: tuple[type[BaseException], ...] = (
-    BenchError,
-    ColdbrewError,
-    OSError,
-    asyncpg.PostgresError,
+    *SERVICE_ERRORS,
     asyncpg.InterfaceError,
-    AMQPError,
     TimeoutError,
 )
 
@@ -885,26 +844,9 @@ class Sampler:
         }
 
 
-async def metric_total(port: int, name: str) -> float:
-    """Sum of one metric's samples on a worker's ``/metrics`` (0 when absent or unreachable)."""
-    try:
-        async with asyncio.timeout(5.0):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            try:
-                writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                await writer.drain()
-                data = await reader.read()
-            finally:
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-    except (OSError, TimeoutError):
-        return 0.0
-    total = 0.0
-    for line in data.decode(errors="replace").splitlines():
-        if line.startswith((name + "{", name + " ")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+async def cap_waits(workers: Sequence[RunningWorker]) -> float:
+    """``CAP_WAITS`` summed over the workers' ``/metrics`` (0 for one that shows none)."""
+    return sum([(await scrape_metrics(w.port)).get(CAP_WAITS, 0.0) for w in workers])
 
 
 @dataclass
@@ -922,7 +864,7 @@ async def caps_phase(
     store: JobStore,
     conn: asyncpg.Connection,
     sampler: Sampler,
-    workers: Sequence[Running],
+    workers: Sequence[RunningWorker],
     tenants: list[str],
     total: int,
     label: str,
@@ -939,7 +881,7 @@ async def caps_phase(
             await record_tenants(store, head_start)
             await asyncio.sleep(CAPS_HEAD_START)
         cpu0 = sum(cpu_seconds(w.pid) for w in workers)
-        waits0 = sum([await metric_total(w.port, CAP_WAITS) for w in workers])
+        waits0 = await cap_waits(workers)
         released = await record_tenants(store, tenants)
         await wait_succeeded(
             conn,
@@ -952,7 +894,7 @@ async def caps_phase(
         )
         ended = time.time()
         cpu1 = sum(cpu_seconds(w.pid) for w in workers)
-        waits1 = sum([await metric_total(w.port, CAP_WAITS) for w in workers])
+        waits1 = await cap_waits(workers)
     finally:
         sampler.stop()
         await sampling
@@ -1053,7 +995,7 @@ async def scenario_caps(cfg: Bench) -> dict[str, Any]:
 # --- 5. scale -------------------------------------------------------------------------
 
 
-async def idle_reading(w: Running, seconds: float) -> dict[str, Any]:
+async def idle_reading(w: RunningWorker, seconds: float) -> dict[str, Any]:
     """CPU (% of one core) over ``seconds`` of idling, then VmRSS."""
     cpu0, t0 = cpu_seconds(w.pid), time.perf_counter()
     await asyncio.sleep(seconds)
@@ -1179,14 +1121,6 @@ def effective_prefetch(cfg: Bench) -> int | None:
 
 
 async def run(cfg: Bench) -> dict[str, Any]:
-    main_task = asyncio.current_task()
-    assert main_task is not None
-
-    def terminate() -> None:
-        cfg.terminated = True
-        main_task.cancel()
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
     logs.configure("json", "warning")  # coldbrew's own log lines stay off stdout
     conn = await connect_creating_database(cfg.base.database_url)
     await conn.close()
@@ -1555,7 +1489,8 @@ def main(argv: list[str] | None = None) -> int:
 
         uvloop.run(fifo_consumer(args.amqp_url, args.fifo_consumer, args.count, args.concurrency))
         return 0
-    with tempfile.TemporaryDirectory(prefix="cbfair-") as workdir:
+
+    def config(workdir: Path) -> Bench:
         base = BaseConfig(
             jobs=0,
             repeat=args.repeat,
@@ -1564,9 +1499,11 @@ def main(argv: list[str] | None = None) -> int:
             idle_seconds=0.0,
             amqp_url=args.amqp_url,
             database_url=args.database_url,
-            workdir=Path(workdir),
+            workdir=workdir,
         )
-        cfg = Bench(
+        if args.logs is not None:
+            args.logs.mkdir(parents=True, exist_ok=True)
+        return Bench(
             base=base,
             sizes=QUICK if args.quick else FULL,
             quick=args.quick,
@@ -1578,18 +1515,8 @@ def main(argv: list[str] | None = None) -> int:
             lag=args.lag,
             log_dir=args.logs,
         )
-        if args.logs is not None:
-            args.logs.mkdir(parents=True, exist_ok=True)
-        try:
-            result = asyncio.run(run(cfg))
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            progress("interrupted: everything created was removed")
-            return 143 if cfg.terminated else 130
-        except (BenchError, ColdbrewError, OSError, asyncpg.PostgresError, AMQPError) as exc:
-            progress(f"failed: {exc or type(exc).__name__} (everything created was removed)")
-            return 1
-    print(json.dumps(result, indent=2, default=str) if args.json else render(result))
-    return 0
+
+    return run_main(config, run, render, json_output=args.json, workdir_prefix="cbfair-")
 
 
 if __name__ == "__main__":

@@ -31,11 +31,9 @@ import asyncio
 import bisect
 import contextlib
 import itertools
-import json
 import math
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,33 +43,37 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import asyncpg
-from aiormq.exceptions import AMQPError
-from bench._common import MachineCPU, Spread, machine_info, memory_kib, progress
-from bench._worker import (
+from bench._common import (
+    BenchError,
+    MachineCPU,
     RunningWorker,
+    Spread,
+    machine_info,
+    memory_kib,
+    progress,
+    run_main,
+    scrape_metrics,
+    worker_process,
+)
+from bench._worker import (
     cpu_time,
-    install_sigterm,
     job_body,
     publish_bodies,
     render_profile,
-    scrape_metrics,
     services,
     start_profile,
     status_counts,
     stop_profile,
     wait_status_count,
-    worker_process,
 )
 from bench.throughput import (
     DEFAULT_AMQP_URL,
     DEFAULT_DATABASE_URL,
-    BenchError,
     Config,
     namespace_for,
 )
 
 from coldbrew import logs
-from coldbrew.errors import ColdbrewError
 from coldbrew.migrate import connect_creating_database
 from coldbrew.sql import QUERIES
 
@@ -294,7 +296,8 @@ def worker_process_for(
         namespace,
         label,
         app_ref=APP_REF,
-        settings=worker_settings(cfg),
+        extra_env=worker_settings(cfg),
+        ready_timeout=90.0,
         stop_grace=120.0,
         stop_times=stop_times,
     )
@@ -466,7 +469,6 @@ def analyse(
 
 
 async def run(cfg: InflightConfig) -> dict[str, Any]:
-    install_sigterm(cfg.base)
     logs.configure("json", "warning")
     conn = await connect_creating_database(cfg.base.database_url)
     await conn.close()
@@ -648,10 +650,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="cbbench-") as workdir:
-        base = services(args.amqp_url, args.database_url, Path(workdir))
-        cfg = InflightConfig(
-            base=base,
+
+    def config(workdir: Path) -> InflightConfig:
+        return InflightConfig(
+            base=services(args.amqp_url, args.database_url, workdir),
             jobs=args.jobs,
             sleep=args.sleep,
             heartbeat=args.heartbeat,
@@ -661,16 +663,8 @@ def main(argv: list[str] | None = None) -> int:
             repeat=args.repeat,
             profile_dir=args.profile,
         )
-        try:
-            result = asyncio.run(run(cfg))
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            progress("interrupted: everything created was removed")
-            return 143 if base.terminated else 130
-        except (BenchError, ColdbrewError, OSError, asyncpg.PostgresError, AMQPError) as exc:
-            progress(f"failed: {exc or type(exc).__name__} (everything created was removed)")
-            return 1
-    print(json.dumps(result, indent=2, default=str) if args.json else render(result))
-    return 0
+
+    return run_main(config, run, render, json_output=args.json, workdir_prefix="cbbench-")
 
 
 if __name__ == "__main__":

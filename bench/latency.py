@@ -36,7 +36,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -47,14 +46,15 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aio_pika
-import asyncpg
-from aiormq.exceptions import AMQPError
 from bench._common import (
+    SERVICE_ERRORS,
+    BenchError,
     Spread,
     child_env,
     delete_broker_entities,
     machine_info,
     progress,
+    run_main,
     tail,
 )
 from bench.peers import (
@@ -66,11 +66,10 @@ from bench.peers import (
     stop_tree,
     tree_cpu_seconds,
 )
-from bench.throughput import BenchError, Config, namespace_for, raw_queue_arguments
+from bench.throughput import Config, namespace_for, raw_queue_arguments
 
 from coldbrew import logs
 from coldbrew.broker import Broker
-from coldbrew.errors import ColdbrewError
 from coldbrew.migrate import connect_creating_database
 from coldbrew.topology import Topology
 
@@ -478,7 +477,7 @@ async def run_side(cfg: LatencyConfig, side: str, index: int) -> SideLatency:
     """One side's run; a side that fails is recorded with its error, and the run goes on."""
     try:
         stats = await RUNNERS[side](cfg, index)
-    except (BenchError, ColdbrewError, OSError, asyncpg.PostgresError, AMQPError) as exc:
+    except SERVICE_ERRORS as exc:
         progress(f"{side} #{index + 1}: FAILED: {exc}")
         return SideLatency(side, index, error=str(exc) or type(exc).__name__)
     result = SideLatency(side, index, **stats)
@@ -495,14 +494,6 @@ async def run_side(cfg: LatencyConfig, side: str, index: int) -> SideLatency:
 
 
 async def run(cfg: LatencyConfig) -> dict[str, Any]:
-    main_task = asyncio.current_task()
-    assert main_task is not None
-
-    def terminate() -> None:
-        cfg.terminated = True
-        main_task.cancel()
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
     logs.configure("json", "warning")
     conn = await connect_creating_database(cfg.database_url)
     await conn.close()
@@ -695,8 +686,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.publisher:
         print(json.dumps(report), flush=True)
         return 0
-    with tempfile.TemporaryDirectory(prefix="cbbench-latency-") as workdir:
-        cfg = LatencyConfig(
+
+    def config(workdir: Path) -> LatencyConfig:
+        return LatencyConfig(
             jobs=0,
             repeat=args.repeat,
             concurrency=args.concurrency,
@@ -704,23 +696,15 @@ def main(argv: list[str] | None = None) -> int:
             idle_seconds=0.0,
             amqp_url=args.amqp_url,
             database_url=args.database_url,
-            workdir=Path(workdir),
+            workdir=workdir,
             rate=args.rate,
             seconds=args.seconds,
             warmup=args.warmup,
             sides=args.sides,
             threads=args.threads,
         )
-        try:
-            result = asyncio.run(run(cfg))
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            progress("interrupted: everything created was removed")
-            return 143 if cfg.terminated else 130
-        except (BenchError, ColdbrewError, OSError, asyncpg.PostgresError, AMQPError) as exc:
-            progress(f"failed: {exc or type(exc).__name__} (everything created was removed)")
-            return 1
-    print(json.dumps(result, indent=2, default=str) if args.json else render(result))
-    return 0
+
+    return run_main(config, run, render, json_output=args.json, workdir_prefix="cbbench-latency-")
 
 
 if __name__ == "__main__":

@@ -49,8 +49,10 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import aio_pika
 import asyncpg
-from aiormq.exceptions import AMQPError, ChannelNotFoundEntity
+from aiormq.exceptions import ChannelNotFoundEntity
 from bench._common import (
+    SERVICE_ERRORS,
+    BenchError,
     MachineCPU,
     Spread,
     child_env,
@@ -62,23 +64,22 @@ from bench._common import (
     http_status,
     machine_info,
     progress,
+    run_main,
     stop_process,
     tail,
+    worker_env,
 )
 from bench.peer_apps.ackcount import ENV as ACK_DIR_ENV
 from bench.peer_apps.ackcount import AckReader
 from bench.throughput import (
-    BenchError,
     Config,
     namespace_for,
     prepublish,
     run_raw,
     wait_succeeded,
-    worker_env,
 )
 
 from coldbrew import logs
-from coldbrew.errors import ColdbrewError
 from coldbrew.migrate import connect_creating_database, quote_ident
 from coldbrew.settings import Settings
 from coldbrew.topology import Topology
@@ -702,7 +703,7 @@ async def run_side(cfg: PeerConfig, side: str, index: int) -> SideDrain:
             drain = await run_coldbrew_side(cfg, side, index)
         else:
             drain = await run_peer(cfg, side, index)
-    except (BenchError, ColdbrewError, OSError, asyncpg.PostgresError, AMQPError) as exc:
+    except SERVICE_ERRORS as exc:
         progress(f"{side} #{index + 1}: FAILED: {exc}")
         return SideDrain(side, index, cfg.jobs, error=str(exc) or type(exc).__name__)
     progress(
@@ -716,14 +717,6 @@ async def run_side(cfg: PeerConfig, side: str, index: int) -> SideDrain:
 
 
 async def run(cfg: PeerConfig) -> dict[str, Any]:
-    main_task = asyncio.current_task()
-    assert main_task is not None
-
-    def terminate() -> None:
-        cfg.terminated = True
-        main_task.cancel()
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
     logs.configure("json", "warning")
     conn = await connect_creating_database(cfg.database_url)
     await conn.close()
@@ -955,8 +948,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.publish_peer:
         return publish_peer_main(args.publish_peer, args.jobs)
-    with tempfile.TemporaryDirectory(prefix="cbbench-peers-") as workdir:
-        cfg = PeerConfig(
+
+    def config(workdir: Path) -> PeerConfig:
+        return PeerConfig(
             jobs=args.jobs,
             repeat=args.repeat,
             concurrency=args.concurrency,
@@ -964,21 +958,13 @@ def main(argv: list[str] | None = None) -> int:
             idle_seconds=0.0,
             amqp_url=args.amqp_url,
             database_url=args.database_url,
-            workdir=Path(workdir),
+            workdir=workdir,
             sides=args.sides,
             threads=args.threads,
             coldbrew_prefetch=args.coldbrew_prefetch,
         )
-        try:
-            result = asyncio.run(run(cfg))
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            progress("interrupted: everything created was removed")
-            return 143 if cfg.terminated else 130
-        except (BenchError, ColdbrewError, OSError, asyncpg.PostgresError, AMQPError) as exc:
-            progress(f"failed: {exc or type(exc).__name__} (everything created was removed)")
-            return 1
-    print(json.dumps(result, indent=2, default=str) if args.json else render(result))
-    return 0
+
+    return run_main(config, run, render, json_output=args.json, workdir_prefix="cbbench-peers-")
 
 
 if __name__ == "__main__":

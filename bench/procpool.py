@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -45,13 +43,21 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import asyncpg
 import uvloop
-from aiormq.exceptions import AMQPError
 from bench import cpu_app
-from bench._common import MachineCPU, Spread, cpu_by_command, cpu_delta, machine_info, progress
+from bench._common import (
+    BenchError,
+    MachineCPU,
+    Spread,
+    cpu_by_command,
+    cpu_delta,
+    machine_info,
+    progress,
+    run_main,
+    worker_process,
+)
 from bench._worker import (
     cpu_time,
     declare_default_queue,
-    install_sigterm,
     job_body,
     publish_bodies,
     render_profile,
@@ -60,20 +66,17 @@ from bench._worker import (
     status_counts,
     stop_profile,
     wait_status_count,
-    worker_process,
 )
 from bench.throughput import (
     COMMITS_SQL,
     DEFAULT_AMQP_URL,
     DEFAULT_DATABASE_URL,
     SERVICE_COMMANDS,
-    BenchError,
     Config,
     namespace_for,
 )
 
 from coldbrew import logs
-from coldbrew.errors import ColdbrewError
 from coldbrew.migrate import connect_creating_database, quote_ident
 from coldbrew.procpool import ProcessPool
 
@@ -244,7 +247,13 @@ async def run_coldbrew(cfg: PoolConfig, index: int, *, profile: bool = False) ->
         try:
             commits0 = await conn.fetchval(COMMITS_SQL)
             async with worker_process(
-                cfg.base, namespace, label, app_ref=APP_REF, settings=settings
+                cfg.base,
+                namespace,
+                label,
+                app_ref=APP_REF,
+                extra_env=settings,
+                ready_timeout=90.0,
+                stop_grace=30.0,
             ) as worker:
                 children = child_pids(worker.pid)
                 start = Snapshot.take(cpu_time(worker.pid), children)
@@ -321,7 +330,6 @@ def calibrate(n: int) -> float:
 
 
 async def run(cfg: PoolConfig) -> dict[str, Any]:
-    install_sigterm(cfg.base)
     logs.configure("json", "warning")
     conn = await connect_creating_database(cfg.base.database_url)
     await conn.close()
@@ -487,10 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="cbbench-") as workdir:
-        base = services(args.amqp_url, args.database_url, Path(workdir))
-        cfg = PoolConfig(
-            base=base,
+
+    def config(workdir: Path) -> PoolConfig:
+        return PoolConfig(
+            base=services(args.amqp_url, args.database_url, workdir),
             jobs=args.jobs,
             processes=args.processes,
             n=args.n,
@@ -499,17 +507,15 @@ def main(argv: list[str] | None = None) -> int:
             direct=not args.no_direct,
             profile_dir=args.profile,
         )
-        try:
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                result = runner.run(run(cfg))
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            progress("interrupted: everything created was removed")
-            return 143 if base.terminated else 130
-        except (BenchError, ColdbrewError, OSError, asyncpg.PostgresError, AMQPError) as exc:
-            progress(f"failed: {exc or type(exc).__name__} (everything created was removed)")
-            return 1
-    print(json.dumps(result, indent=2, default=str) if args.json else render(result))
-    return 0
+
+    return run_main(
+        config,
+        run,
+        render,
+        json_output=args.json,
+        workdir_prefix="cbbench-",
+        loop_factory=uvloop.new_event_loop,
+    )
 
 
 if __name__ == "__main__":

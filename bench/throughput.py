@@ -35,7 +35,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -47,8 +46,8 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import aio_pika
 import asyncpg
-from aiormq.exceptions import AMQPError
 from bench._common import (
+    BenchError,
     MachineCPU,
     Spread,
     child_env,
@@ -57,19 +56,18 @@ from bench._common import (
     cpu_seconds,
     delete_broker_entities,
     drop_namespace,
-    free_port,
-    http_status,
     machine_info,
     memory_kib,
     progress,
     publish_noops,
+    run_main,
     stop_process,
-    tail,
+    worker_env,
+    worker_process,
 )
 
 from coldbrew import logs
 from coldbrew.broker import Broker
-from coldbrew.errors import ColdbrewError
 from coldbrew.migrate import connect_creating_database, quote_ident
 from coldbrew.settings import Settings
 from coldbrew.topology import MAX_PRIORITY, Topology
@@ -96,7 +94,6 @@ class Config:
     database_url: str
     workdir: Path
     profile_dir: Path | None = None
-    terminated: bool = False
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
 
 
@@ -168,10 +165,6 @@ class Drain:
     @property
     def cpu_us_per_job(self) -> float:
         return self.consumer_cpu_seconds / self.jobs * 1e6
-
-
-class BenchError(RuntimeError):
-    """A side could not be measured (the message says why)."""
 
 
 # --- raw loop ---------------------------------------------------------------------------
@@ -280,22 +273,6 @@ async def run_raw(cfg: Config, index: int) -> Drain:
 # --- coldbrew -------------------------------------------------------------------------------
 
 
-def worker_env(cfg: Config, namespace: str, port: int) -> dict[str, str]:
-    return child_env(
-        {
-            "COLDBREW_AMQP_URL": cfg.amqp_url,
-            "COLDBREW_DATABASE_URL": cfg.database_url,
-            "COLDBREW_NAMESPACE": namespace,
-            "COLDBREW_CONCURRENCY": str(cfg.concurrency),
-            "COLDBREW_METRICS_HOST": "127.0.0.1",
-            "COLDBREW_METRICS_PORT": str(port),
-            "COLDBREW_SHUTDOWN_GRACE_SECONDS": "10",
-            "COLDBREW_LOG_FORMAT": "json",
-            "COLDBREW_LOG_LEVEL": "info",
-        }
-    )
-
-
 async def coldbrew_cli(cfg: Config, namespace: str, *args: str) -> None:
     """Run ``python -m coldbrew ARGS`` to completion; raise with its output if it fails."""
     process = await asyncio.create_subprocess_exec(
@@ -323,39 +300,6 @@ async def namespace_for(cfg: Config, label: str) -> Any:
         yield namespace
     finally:
         await drop_namespace(cfg.amqp_url, cfg.database_url, namespace)
-
-
-@contextlib.asynccontextmanager
-async def worker_process(cfg: Config, namespace: str, label: str) -> Any:
-    """A ``coldbrew worker bench.apps:app`` subprocess, ready; SIGTERMed on the way out."""
-    port = free_port()
-    log_path = cfg.workdir / f"worker-{namespace}.log"
-    with log_path.open("wb") as log_file:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "coldbrew",
-            "worker",
-            "bench.apps:app",
-            env=worker_env(cfg, namespace, port),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=cfg.workdir,
-            start_new_session=True,
-        )
-    try:
-        started = time.perf_counter()
-        while await http_status(port, "/readyz") != 200:
-            if process.returncode is not None:
-                raise BenchError(f"{label}: worker exited {process.returncode}:\n{tail(log_path)}")
-            if time.perf_counter() - started > 60:
-                raise BenchError(f"{label}: worker not ready after 60 s:\n{tail(log_path)}")
-            await asyncio.sleep(0.02)
-        yield process
-    finally:
-        await stop_process(process)
-        if process.returncode not in (0, None):
-            progress(f"{label}: worker exited {process.returncode}; log tail:\n{tail(log_path)}")
 
 
 async def prepublish(cfg: Config, namespace: str, index: int) -> float:
@@ -421,11 +365,11 @@ async def run_coldbrew(cfg: Config, index: int) -> Drain:
         conn = await asyncpg.connect(cfg.database_url)
         try:
             commits0 = await conn.fetchval(COMMITS_SQL)
-            async with worker_process(cfg, namespace, label) as process:
-                start = Snapshot.take(process.pid)
-                polls, polling = await wait_succeeded(cfg, conn, namespace, process, label)
-                end = Snapshot.take(process.pid)
-                peak = memory_kib(process.pid).get("VmHWM")
+            async with worker_process(cfg, namespace, label) as worker:
+                start = Snapshot.take(worker.pid)
+                polls, polling = await wait_succeeded(cfg, conn, namespace, worker.process, label)
+                end = Snapshot.take(worker.pid)
+                peak = memory_kib(worker.pid).get("VmHWM")
             extra = await drain_facts(conn, namespace, cfg.jobs, commits0, polls)
             extra["poll_ms_mean"] = polling / polls * 1000
         finally:
@@ -477,14 +421,14 @@ async def idle_memory(cfg: Config) -> dict[str, Any]:
     """RSS of a ready worker after ``idle_seconds`` with nothing to do."""
     async with (
         namespace_for(cfg, "idle") as namespace,
-        worker_process(cfg, namespace, "idle") as process,
+        worker_process(cfg, namespace, "idle") as worker,
     ):
-        progress(f"idle: worker ready (pid {process.pid}); idling {cfg.idle_seconds:g} s")
-        cpu0 = cpu_seconds(process.pid)
+        progress(f"idle: worker ready (pid {worker.pid}); idling {cfg.idle_seconds:g} s")
+        cpu0 = cpu_seconds(worker.pid)
         await asyncio.sleep(cfg.idle_seconds)
-        cpu1 = cpu_seconds(process.pid)
-        memory = memory_kib(process.pid)
-        children = _child_pids(process.pid)
+        cpu1 = cpu_seconds(worker.pid)
+        memory = memory_kib(worker.pid)
+        children = _child_pids(worker.pid)
     return {
         "rss_kib": memory["VmRSS"],
         "peak_rss_kib": memory["VmHWM"],
@@ -504,12 +448,12 @@ async def profile_drain(cfg: Config, out_dir: Path) -> dict[str, Any]:
         await prepublish(cfg, namespace, cfg.repeat)
         conn = await asyncpg.connect(cfg.database_url)
         try:
-            async with worker_process(cfg, namespace, label) as process:
+            async with worker_process(cfg, namespace, label) as worker:
                 spy = await asyncio.create_subprocess_exec(
                     py_spy,
                     "record",
                     "--pid",
-                    str(process.pid),
+                    str(worker.pid),
                     "--format",
                     "raw",
                     "--function",
@@ -524,7 +468,7 @@ async def profile_drain(cfg: Config, out_dir: Path) -> dict[str, Any]:
                 )
                 try:
                     started = time.perf_counter()
-                    await wait_succeeded(cfg, conn, namespace, process, label)
+                    await wait_succeeded(cfg, conn, namespace, worker.process, label)
                     seconds = time.perf_counter() - started
                 finally:
                     with contextlib.suppress(ProcessLookupError):
@@ -602,14 +546,6 @@ def _child_pids(pid: int) -> list[int]:
 
 
 async def run(cfg: Config) -> dict[str, Any]:
-    main_task = asyncio.current_task()
-    assert main_task is not None
-
-    def terminate() -> None:
-        cfg.terminated = True
-        main_task.cancel()
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
     logs.configure("json", "warning")  # coldbrew's own log lines stay off stdout
     conn = await connect_creating_database(cfg.database_url)  # fail fast, create it if missing
     await conn.close()
@@ -801,8 +737,9 @@ def main(argv: list[str] | None = None) -> int:
 
         uvloop.run(raw_consumer(args.amqp_url, args.raw_consumer, args.jobs, args.prefetch))
         return 0
-    with tempfile.TemporaryDirectory(prefix="cbbench-") as workdir:
-        cfg = Config(
+
+    def config(workdir: Path) -> Config:
+        return Config(
             jobs=args.jobs,
             repeat=args.repeat,
             concurrency=args.concurrency,
@@ -810,19 +747,11 @@ def main(argv: list[str] | None = None) -> int:
             idle_seconds=args.idle_seconds,
             amqp_url=args.amqp_url,
             database_url=args.database_url,
-            workdir=Path(workdir),
+            workdir=workdir,
             profile_dir=args.profile,
         )
-        try:
-            result = asyncio.run(run(cfg))
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            progress("interrupted: everything created was removed")
-            return 143 if cfg.terminated else 130
-        except (BenchError, ColdbrewError, OSError, asyncpg.PostgresError, AMQPError) as exc:
-            progress(f"failed: {exc or type(exc).__name__} (everything created was removed)")
-            return 1
-    print(json.dumps(result, indent=2, default=str) if args.json else render(result))
-    return 0
+
+    return run_main(config, run, render, json_output=args.json, workdir_prefix="cbbench-")
 
 
 if __name__ == "__main__":
