@@ -40,6 +40,12 @@ class JobSpec:
     args_model: type[BaseModel] | None = field(repr=False)
     max_wall_seconds: float | None = None
     on_cancel: Callable[..., Any] | None = None
+    arg_names: tuple[str, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # read once: pydantic's ``model_fields`` is a computed property, costly per job
+        names = tuple(self.args_model.model_fields) if self.args_model is not None else ()
+        object.__setattr__(self, "arg_names", names)
 
     @property
     def runs_in_process(self) -> bool:
@@ -49,11 +55,13 @@ class JobSpec:
         """Check ``args`` against the signature; raise ``InvalidArguments`` naming the problem."""
         if self.args_model is None:
             return dict(args)
+        if not args and not self.arg_names:
+            return {}  # a job without parameters, called without arguments
         try:
             model = self.args_model.model_validate(args)
         except ValidationError as exc:
             raise InvalidArguments(_describe_validation(self.name, exc)) from None
-        return {name: getattr(model, name) for name in type(model).model_fields}
+        return {name: getattr(model, name) for name in self.arg_names}
 
 
 def _describe_validation(job: str, exc: ValidationError) -> str:

@@ -40,11 +40,19 @@ class GroupCommit(Generic[T, R]):
 
     async def submit(self, item: T) -> R:
         """Queue ``item`` for the next flush and wait for its own result (or exception)."""
+        return await self.enqueue(item)
+
+    def enqueue(self, item: T) -> asyncio.Future[R]:
+        """Queue ``item`` for the next flush; the future gets its result (or exception).
+
+        The write goes ahead whether or not anybody still waits for it, so a
+        caller that must not lose it can ``asyncio.shield`` the future (no task).
+        """
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"group-commit:{self.name}")
-        return await future
+        return future
 
     async def _run(self) -> None:
         try:

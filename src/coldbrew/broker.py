@@ -107,6 +107,7 @@ class _ChannelAcks:
         self.channel = channel
         self.outstanding: dict[int, bool] = {}  # tag -> ack requested
         self._waiters: list[asyncio.Future[None]] = []
+        self._requested = 0  # acks asked for since the last batch was planned
         self._flushing = False
 
     def delivered(self, tag: int) -> None:
@@ -119,17 +120,25 @@ class _ChannelAcks:
     def ack(self, tag: int) -> asyncio.Future[None]:
         """Request an ack; the future resolves once its batch was written."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.request(tag):
+            self._waiters.append(future)
+        else:
+            future.set_result(None)
+        return future
+
+    def request(self, tag: int) -> bool:
+        """Request an ack nobody waits for (a failed batch is logged); False if already settled.
+
+        The claim path acks every job this way, so it costs no future per job.
+        """
         if self.outstanding.get(tag) is not False:
-            future.set_result(None)  # settled or requested already: never ack a tag twice
-            return future
+            return False  # settled or requested already: never ack a tag twice
         self.outstanding[tag] = True
-        self._waiters.append(future)
+        self._requested += 1
         if not self._flushing:
             self._flushing = True
-            task = asyncio.create_task(self._flush_all(), name="ack-batch")
-            _ACK_TASKS.add(task)
-            task.add_done_callback(_ACK_TASKS.discard)
-        return future
+            _keep(asyncio.create_task(self._flush_all(), name="ack-batch"))
+        return True
 
     def plan(self) -> tuple[int | None, list[int]]:
         """(tag for one multiple=True ack or None, tags to ack singly); untracks them all."""
@@ -150,9 +159,10 @@ class _ChannelAcks:
 
     async def _flush_all(self) -> None:
         try:
-            while self._waiters:
+            while self._requested:
                 await asyncio.sleep(0)  # let this loop turn's other acks join the batch
                 waiters, self._waiters = self._waiters, []
+                self._requested = 0
                 await self._flush(waiters)
         finally:
             self._flushing = False
@@ -165,6 +175,13 @@ class _ChannelAcks:
             for tag in singles:
                 await self.channel.basic_ack(tag)
         except SETTLE_ERRORS as exc:
+            log.info(
+                "acks_not_sent",
+                reason="channel closed; the broker requeued these deliveries",
+                multiple_up_to=prefix_end,
+                singles=len(singles),
+                error=str(exc),
+            )
             for future in waiters:
                 if not future.done():
                     future.set_exception(exc)
@@ -180,6 +197,18 @@ class _ChannelAcks:
 
 
 _ACK_TASKS: set[asyncio.Task[Any]] = set()
+
+
+def _keep(task: asyncio.Task[Any]) -> None:
+    """Hold a fire-and-forget settle task until it ends; an unexpected error is logged."""
+    _ACK_TASKS.add(task)
+    task.add_done_callback(_settle_task_done)
+
+
+def _settle_task_done(task: asyncio.Task[Any]) -> None:
+    _ACK_TASKS.discard(task)
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("settle_task_failed", task=task.get_name(), error=repr(exc), exc_info=exc)
 _CHANNEL_ACKS: weakref.WeakKeyDictionary[Any, _ChannelAcks] = weakref.WeakKeyDictionary()
 
 
@@ -202,16 +231,14 @@ def ack_soon(message: AbstractIncomingMessage) -> None:
     acks = _CHANNEL_ACKS.get(message.channel)
     tag = message.delivery_tag
     if acks is None or tag is None:
-        task = asyncio.create_task(settle(message), name="ack")
-        _ACK_TASKS.add(task)
-        task.add_done_callback(_ACK_TASKS.discard)
+        settle_soon(message)
         return
-    acks.ack(tag).add_done_callback(_log_ack_failure)
+    acks.request(tag)
 
 
-def _log_ack_failure(future: asyncio.Future[None]) -> None:
-    if not future.cancelled() and (exc := future.exception()) is not None:
-        log.info("settle_skipped", reason="channel closed; broker requeued it", error=str(exc))
+def settle_soon(message: AbstractIncomingMessage, *, requeue: bool | None = None) -> None:
+    """``settle`` from a plain function: a tracked task (``settle`` logs, never raises)."""
+    _keep(asyncio.create_task(settle(message, requeue=requeue), name="settle"))
 
 
 async def settle(message: AbstractIncomingMessage, *, requeue: bool | None = None) -> bool:

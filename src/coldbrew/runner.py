@@ -71,6 +71,7 @@ class JobRunner:
         self._is_stopping = is_stopping
         self._on_db_health = on_db_health
         self._rand = random.Random()
+        self._detached: set[asyncio.Task[Any]] = set()  # outcome writes whose job was cancelled
         self.breakers = breakers
 
     # --- one delivery -------------------------------------------------------------
@@ -311,9 +312,7 @@ class JobRunner:
                 outcome, progress=state.progress[0], progress_message=state.progress[1]
             )
             state.progress = None
-        written = await asyncio.shield(
-            self._until_db_ok(lambda: self.store.complete(outcome), give_up_on_stop=False)
-        )
+        written = await self._complete(outcome)
         if not written:
             self.metrics.fenced_writes.labels("complete").inc()
             handles.finish("fenced", elapsed)
@@ -327,6 +326,45 @@ class JobRunner:
                     delivery, outcome.dead_reason or "dead", outcome.error_message or ""
                 )
         log.debug("job_finished", job_id=state.id, status=outcome.status, seconds=round(elapsed, 4))
+
+    async def _complete(self, outcome: Outcome) -> bool | None:
+        """Write the outcome; cancelling the job's task (a drain) must not drop the write.
+
+        The usual case costs one shielded future; only a database outage
+        starts a task, which retries until the write lands.
+        """
+        future = self.store.complete_soon(outcome)
+        try:
+            written = await asyncio.shield(future)
+        except asyncio.CancelledError:  # the write goes on; if it fails, retry it detached
+            future.add_done_callback(lambda done: self._retry_if_failed(outcome, done))
+            raise
+        except DatabaseUnavailable as exc:
+            self._on_db_health(False)
+            log.warning("database_unavailable", error=str(exc), retry_in=0)
+        except StaleWrite:
+            return None
+        else:
+            self._on_db_health(True)
+            return written
+        return await asyncio.shield(
+            self._until_db_ok(lambda: self.store.complete(outcome), give_up_on_stop=False)
+        )
+
+    def _retry_if_failed(self, outcome: Outcome, done: asyncio.Future[bool]) -> None:
+        if done.cancelled() or not isinstance(done.exception(), DatabaseUnavailable):
+            return  # written, fenced, or shut down with the store
+        task = asyncio.create_task(
+            self._until_db_ok(lambda: self.store.complete(outcome), give_up_on_stop=False),
+            name=f"complete:{outcome.id}",
+        )
+        self._detached.add(task)
+        task.add_done_callback(self._detached_done)
+
+    def _detached_done(self, task: asyncio.Task[Any]) -> None:
+        self._detached.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("outcome_write_failed", task=task.get_name(), error=repr(exc), exc_info=exc)
 
     async def _publish_dead(self, delivery: Delivery, reason: str, detail: str) -> None:
         """A copy of a dead job on ``<ns>.dead`` for RabbitMQ-native tools (best effort)."""

@@ -428,6 +428,10 @@ class JobStore:
         """Write an attempt's outcome; False when it was fenced (the row moved on)."""
         return await self.completions.submit(outcome)
 
+    def complete_soon(self, outcome: Outcome) -> asyncio.Future[bool]:
+        """``complete`` as a future: the write proceeds even if its waiter is cancelled."""
+        return self.completions.enqueue(outcome)
+
     # --- leases ------------------------------------------------------------
 
     async def extend_leases(

@@ -1,0 +1,93 @@
+"""Group commit: what accumulates while a flush is in flight goes in the next one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from coldbrew.batching import GroupCommit
+
+
+class Recorder:
+    """A flush that records its batches and can be held open by the test."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail: Exception | None = None
+        self.short = False
+
+    async def flush(self, items: Sequence[int]) -> list[int]:
+        self.batches.append(list(items))
+        await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        results = [item * 10 for item in items]
+        return results[:-1] if self.short else results
+
+
+async def test_a_lone_item_is_flushed_at_once_and_gets_its_own_result() -> None:
+    rec = Recorder()
+    batcher = GroupCommit("t", rec.flush)
+    assert await asyncio.wait_for(batcher.submit(4), timeout=1) == 40
+    assert rec.batches == [[4]]
+
+
+async def test_items_arriving_during_a_flush_go_together_in_the_next() -> None:
+    rec = Recorder()
+    rec.gate.clear()
+    batcher = GroupCommit("t", rec.flush)
+    first = asyncio.ensure_future(batcher.submit(1))
+    await asyncio.sleep(0.01)  # the first flush is now in flight, held by the gate
+    rest = [asyncio.ensure_future(batcher.submit(n)) for n in (2, 3, 4)]
+    await asyncio.sleep(0.01)
+    rec.gate.set()
+    assert await asyncio.gather(first, *rest) == [10, 20, 30, 40]
+    assert rec.batches == [[1], [2, 3, 4]]
+    assert (batcher.batches, batcher.items) == (2, 4)
+
+
+async def test_max_batch_splits_a_backlog() -> None:
+    rec = Recorder()
+    rec.gate.clear()
+    batcher = GroupCommit("t", rec.flush, max_batch=2)
+    futures = [batcher.enqueue(n) for n in range(5)]
+    rec.gate.set()
+    assert await asyncio.gather(*futures) == [0, 10, 20, 30, 40]
+    assert rec.batches == [[0, 1], [2, 3], [4]]
+
+
+async def test_a_failed_flush_fails_every_waiter_of_that_batch_only() -> None:
+    rec = Recorder()
+    rec.fail = RuntimeError("database went away")
+    batcher = GroupCommit("t", rec.flush)
+    results = await asyncio.gather(batcher.submit(1), batcher.submit(2), return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in results)
+    rec.fail = None
+    assert await batcher.submit(3) == 30
+
+
+async def test_a_flush_that_loses_results_is_an_error_not_a_misrouted_result() -> None:
+    rec = Recorder()
+    rec.short = True
+    batcher = GroupCommit("t", rec.flush)
+    with pytest.raises(RuntimeError, match="returned 0 for 1"):
+        await batcher.submit(1)
+
+
+async def test_a_cancelled_waiter_does_not_cancel_its_write() -> None:
+    """``enqueue`` + ``shield``: the runner's way to keep an outcome when its job is cancelled."""
+    rec = Recorder()
+    rec.gate.clear()
+    batcher = GroupCommit("t", rec.flush)
+    future = batcher.enqueue(7)
+    waiter = asyncio.ensure_future(asyncio.shield(future))
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    rec.gate.set()
+    assert await asyncio.wait_for(future, timeout=1) == 70
+    assert waiter.cancelled()
+    await batcher.close()
