@@ -209,6 +209,8 @@ def _settle_task_done(task: asyncio.Task[Any]) -> None:
     _ACK_TASKS.discard(task)
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.error("settle_task_failed", task=task.get_name(), error=repr(exc), exc_info=exc)
+
+
 _CHANNEL_ACKS: weakref.WeakKeyDictionary[Any, _ChannelAcks] = weakref.WeakKeyDictionary()
 
 

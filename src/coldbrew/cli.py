@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import math
 import sys
@@ -183,6 +184,10 @@ async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.worker import Worker
 
     worker = Worker(load_app(args.app), settings)
+    # What start-up imported lives as long as the process: keep it out of the
+    # collector's full passes, which otherwise walk it again and again while
+    # thousands of jobs are in flight (and it stays shared after a fork).
+    gc.freeze()
     with on_stop_signals(worker.stop):
         await worker.run()
     return EXIT_OK

@@ -301,7 +301,7 @@ class JobRunner:
             return
         if outcome == "released":  # the delivery is acked: the relay publishes it again
             await self._until_db_ok(
-                lambda: self.store.release([(state.id, state.attempt, True)]),
+                lambda: self.store.releases.submit((state.id, state.attempt, True)),
                 give_up_on_stop=False,
             )
             handles.finish("released", elapsed)

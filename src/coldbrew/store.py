@@ -198,6 +198,10 @@ class JobStore:
             "claim", self._claim_batch
         )
         self.completions: GroupCommit[Outcome, bool] = GroupCommit("complete", self._complete_batch)
+        # a drain hands back every held job at once: one statement per batch, not per job
+        self.releases: GroupCommit[tuple[str, int, bool], bool] = GroupCommit(
+            "release", self._release_batch
+        )
         self._batch_conns: dict[str, asyncpg.Connection] = {}
 
     @classmethod
@@ -230,6 +234,7 @@ class JobStore:
         finally:
             await store.claims.close()
             await store.completions.close()
+            await store.releases.close()
             for name in list(store._batch_conns):
                 await store._drop_batch_conn(name)
             await pool.close()
@@ -470,6 +475,10 @@ class JobStore:
             "release_jobs", [h[0] for h in held], [h[1] for h in held], [h[2] for h in held]
         )
         return {row["id"] for row in rows}
+
+    async def _release_batch(self, held: Sequence[tuple[str, int, bool]]) -> list[bool]:
+        released = await self.release(held)
+        return [h[0] in released for h in held]
 
     async def dlq_list(self, reason_contains: str | None, limit: int) -> list[JobRecord]:
         rows = await self._fetch("dlq_list", reason_contains, limit)
