@@ -700,13 +700,18 @@ def render_profile(profile: dict[str, Any], top: int = 15) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--jobs", type=int, default=20_000, help="messages per drain (20000)")
-    parser.add_argument("--repeat", type=int, default=3, help="pairs of drains (3)")
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="messages per drain (20000; --quick 5000)"
+    )
+    parser.add_argument("--repeat", type=int, default=None, help="pairs of drains (3; --quick 1)")
+    parser.add_argument(
+        "--quick", action="store_true", help="5,000 jobs, 1 pair, 1 s idle: for development"
+    )
     parser.add_argument(
         "--concurrency", type=int, default=100, help="COLDBREW_CONCURRENCY of the worker (100)"
     )
     parser.add_argument(
-        "--idle-seconds", type=float, default=5.0, help="idle time before reading RSS (5)"
+        "--idle-seconds", type=float, default=None, help="idle time before reading RSS (5)"
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
@@ -724,6 +729,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--raw-consumer", metavar="QUEUE", help=argparse.SUPPRESS)
     parser.add_argument("--prefetch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    quick = args.quick
+    for name, full, short in (
+        ("jobs", 20_000, 5_000),
+        ("repeat", 3, 1),
+        ("idle_seconds", 5.0, 1.0),
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, short if quick else full)
     if args.jobs < 1 or args.repeat < 1 or args.concurrency < 1:
         parser.error("--jobs, --repeat and --concurrency must be positive")
     return args
