@@ -444,7 +444,7 @@ def render(result: dict[str, Any]) -> str:
     commits = statistics.median(r["extra"]["commits_per_job"] for r in runs)
     lines.append(
         f"coldbrew in PostgreSQL: {commits:.2f} commits per job (median; the worker's from start "
-        "to exit, from pg_stat_database; each pooled statement is 2, its own and asyncpg's reset)"
+        "to exit, from pg_stat_database; claim and completion batches are one commit each)"
     )
     early = [r["extra"]["first_start_before_ready"] * 1000 for r in runs]
     lines.append(

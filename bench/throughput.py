@@ -660,8 +660,8 @@ def render(result: dict[str, Any]) -> str:
         commits = statistics.median(f["commits_per_job"] for f in facts)
         line = (
             f"coldbrew in PostgreSQL (median): {commits:.3f} commits/job "
-            f"(~{4 / commits:.0f} jobs per claim or completion batch: each pooled statement "
-            "is 2 commits, its own and asyncpg's reset query on release)"
+            f"(~{2 / commits:.0f} jobs per claim or completion batch: each batch is one "
+            "commit on a connection of its own)"
         )
         if "updates_per_job" in facts[0]:
             line += (
