@@ -837,6 +837,7 @@ class Sampler:
             "samples": n,
             "mean_interval_ms": (self.ended - self.began) / n * 1000 if n else None,
             "max": max(self.samples, default=0),
+            "mean": statistics.fmean(self.samples) if n else 0.0,
             "over_cap": sum(1 for s in self.samples if s > CAP),
             "at_cap": sum(1 for s in self.samples if s == CAP),
             "lock_waits_mean": statistics.fmean(self.lock_waits) if n else 0.0,
@@ -849,6 +850,31 @@ async def cap_waits(workers: Sequence[RunningWorker]) -> float:
     return sum([(await scrape_metrics(w.port)).get(CAP_WAITS, 0.0) for w in workers])
 
 
+SERVICES = {"postgres": "postgres", "beam.smp": "rabbitmq"}
+
+
+def service_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds of every PostgreSQL and RabbitMQ process on this machine, by pid."""
+    found: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            service = SERVICES.get((entry / "comm").read_text().strip())
+            if service is not None:
+                found[int(entry.name)] = (service, cpu_seconds(int(entry.name)))
+    return found
+
+
+def service_cpu_spent(before: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds each service spent since ``before``: a process started since counts whole
+    (PostgreSQL backends of connections opened meanwhile); one that ended meanwhile is missed."""
+    spent = dict.fromkeys(SERVICES.values(), 0.0)
+    for pid, (service, cpu) in service_cpu().items():
+        spent[service] += cpu - (before[pid][1] if pid in before else 0.0)
+    return spent
+
+
 @dataclass
 class Phase:
     """One caps phase: the other tenants' backlog released, then drained."""
@@ -858,6 +884,7 @@ class Phase:
     worker_cpu_seconds: float
     cap_waits: float
     sampled: dict[str, Any]
+    service_cpu_seconds: dict[str, float]
 
 
 async def caps_phase(
@@ -881,6 +908,7 @@ async def caps_phase(
             await record_tenants(store, head_start)
             await asyncio.sleep(CAPS_HEAD_START)
         cpu0 = sum(cpu_seconds(w.pid) for w in workers)
+        services0 = service_cpu()
         waits0 = await cap_waits(workers)
         released = await record_tenants(store, tenants)
         await wait_succeeded(
@@ -894,11 +922,12 @@ async def caps_phase(
         )
         ended = time.time()
         cpu1 = sum(cpu_seconds(w.pid) for w in workers)
+        services = service_cpu_spent(services0)
         waits1 = await cap_waits(workers)
     finally:
         sampler.stop()
         await sampling
-    return Phase(released, ended, cpu1 - cpu0, waits1 - waits0, sampler.summary())
+    return Phase(released, ended, cpu1 - cpu0, waits1 - waits0, sampler.summary(), services)
 
 
 async def caps_once(cfg: Bench, index: int) -> dict[str, Any]:
@@ -946,6 +975,7 @@ async def caps_once(cfg: Bench, index: int) -> dict[str, Any]:
     rate90_present = (nine + 1) / done_present[nine]
     b_jobs = [r for r in ran if r.tenant == "b"]
     b_in_phase = [r for r in b_jobs if with_b.released <= r.started < with_b.ended]
+    b_rate = len(b_in_phase) / (with_b.ended - with_b.released)
     return {
         "rate_absent": rate_absent,
         "rate_present": rate_present,
@@ -955,6 +985,12 @@ async def caps_once(cfg: Bench, index: int) -> dict[str, Any]:
         "ratio90": rate90_present / rate90_absent,
         "cpu_ms_per_job_absent": without.worker_cpu_seconds / total * 1000,
         "cpu_ms_per_job_present": with_b.worker_cpu_seconds / total * 1000,
+        # PostgreSQL's and RabbitMQ's CPU per other job, in each phase
+        **{
+            f"{service}_cpu_ms_per_job_{name}": phase.service_cpu_seconds[service] / total * 1000
+            for name, phase in (("absent", without), ("present", with_b))
+            for service in SERVICES.values()
+        },
         "cap_waits": with_b.cap_waits,
         "b_sampled": with_b.sampled,
         "b_sampled_absent_max": without.sampled["max"],
@@ -963,7 +999,10 @@ async def caps_once(cfg: Bench, index: int) -> dict[str, Any]:
         "sessions_present": with_b.sampled["sessions_mean"],
         "b_overlap": max_overlap([(r.started, r.finished) for r in b_jobs]),
         "b_finished": len(b_jobs),
-        "b_rate": len(b_in_phase) / (with_b.ended - with_b.released),
+        "b_rate": b_rate,
+        # how much of its cap b used while the others ran: by its jobs' starts, and sampled
+        "b_utilisation": b_rate / (CAP * 1000 / CAPPED_JOB_MS),
+        "b_sampled_utilisation": with_b.sampled["mean"] / CAP,
         "b_backlog_left": s.caps_b_jobs - len(b_jobs),
     } | health
 
@@ -1341,7 +1380,9 @@ def render_caps(res: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
         f"   b running, exact from its jobs' start/end times: max overlap {res['worst_overlap']} "
         f"over {sum(r['b_finished'] for r in runs):,} finished jobs; b ran "
         f"{col(runs, 'b_rate', '{:.1f}', ' jobs/s')} while the others ran (the cap allows "
-        f"{res['cap'] * 1000 / CAPPED_JOB_MS:g})",
+        f"{res['cap'] * 1000 / CAPPED_JOB_MS:g}): cap used "
+        f"{col(runs, 'b_utilisation', '{:.0%}', '')} by its jobs' starts, "
+        f"{col(runs, 'b_sampled_utilisation', '{:.0%}', '')} sampled",
         f"   others' jobs/s: b absent {col(runs, 'rate_absent', COUNT, '')}, b present and "
         f"capped {col(runs, 'rate_present', COUNT, '')}; ratio {col(runs, 'ratio', '{:.2f}', '')} "
         f"(over their first 90%: {col(runs, 'ratio90', '{:.2f}', '')})",
@@ -1350,6 +1391,11 @@ def render_caps(res: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
         f"{col(runs, 'cpu_ms_per_job_present', '{:.2f}', ' ms')}; capped claims "
         f"that found no room (coldbrew_cap_waits_total) while b was present: "
         f"{col(runs, 'cap_waits', COUNT, '')}",
+        f"   PostgreSQL's CPU per other job: b absent "
+        f"{col(runs, 'postgres_cpu_ms_per_job_absent', '{:.2f}', ' ms')}, b present "
+        f"{col(runs, 'postgres_cpu_ms_per_job_present', '{:.2f}', ' ms')}; RabbitMQ's: "
+        f"{col(runs, 'rabbitmq_cpu_ms_per_job_absent', '{:.2f}', ' ms')}, "
+        f"{col(runs, 'rabbitmq_cpu_ms_per_job_present', '{:.2f}', ' ms')}",
         f"   the workers' PostgreSQL sessions waiting on a lock (mean): b absent "
         f"{col(runs, 'lock_waits_absent', '{:.1f}', '')}, b present "
         f"{col(runs, 'lock_waits_present', '{:.1f}', '')} of "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -61,6 +61,8 @@ class ClaimResult:
 
     A capped claim that found no room has status ``capped:tenant`` or
     ``capped:type``: the job is recorded as queued and its delivery waits.
+    ``capped:tenant:busy`` or ``capped:type:busy``: another worker's capped
+    claim held that scope's lock at that instant (there may be room; try soon).
     """
 
     id: str
@@ -372,34 +374,81 @@ class JobStore:
     async def claim_capped(self, request: ClaimRequest) -> ClaimResult:
         """Claim a job whose tenant or type has a fleet-wide cap, if the caps leave room.
 
-        One transaction holds the tenant's and the type's advisory locks, so
-        two workers cannot both see the last free place; running jobs are
-        counted from the rows, so a crashed worker's jobs free their places
-        when the reaper moves them, with no counter to drift. Without room the
-        job is recorded as queued (visible to ``status`` and the gauges) and
-        ``capped:<scope>`` is returned; its delivery is held, not nacked.
+        A short transaction takes the capped scopes' advisory locks *without
+        waiting* (tenant, then type), then counts their ``running`` rows in a
+        statement of its own, so its snapshot is taken under the locks: two
+        workers cannot both see the last free place, and a crashed worker's
+        jobs free their places when the reaper moves them, with no counter to
+        drift. A lock held by another worker's capped claim answers at once:
+        ``capped:<scope>:busy``, so no pooled connection ever waits on a lock.
+        Without room the lock is let go, the job is recorded as queued (visible
+        to ``status`` and the gauges) and ``capped:<scope>`` is returned; its
+        delivery is held, not nacked. ``on_capped_claim`` then hears the result,
+        with the places each capped scope has left after a claim (0 when full).
         """
+        left: dict[str, int] = {}
 
         async def op(conn: asyncpg.Connection) -> ClaimResult:
+            left.clear()
             async with conn.transaction():
-                await conn.execute(QUERIES["lock_cap_scopes"].text, request.tenant, request.type)
-                room = await conn.fetchrow(QUERIES["cap_room"].text, request.tenant, request.type)
-                full = _full_scope(room)
+                locks = await conn.fetchrow(
+                    QUERIES["try_lock_cap_scopes"].text, request.tenant, request.type
+                )
+                full = _busy_scope(locks)
                 if full is None:
-                    rows = await conn.fetch(
-                        QUERIES["claim_batch"].text, *self._claim_args([request])
+                    room = await conn.fetchrow(
+                        QUERIES["cap_room"].text,
+                        request.tenant if locks["tenant_cap"] is not None else None,
+                        request.type if locks["type_cap"] is not None else None,
                     )
-                    if not rows:
-                        return _vanished(request.id)
-                    return _claim_result(rows[0], rows[0]["claimed"], rows[0]["status"])
-                await conn.execute(QUERIES["register_waiting"].text, *_waiting_args(request))
-                row = await conn.fetchrow(QUERIES["claimability"].text, request.id)
-                if row is None:
-                    return _vanished(request.id)
-                status = f"capped:{full}" if row["claimable"] else row["status"]
-                return _claim_result(row, False, status)
+                    full = _full_scope(locks, room)
+                    if full is None:
+                        left.update(_places_left(locks, room))
+                        rows = await conn.fetch(
+                            QUERIES["claim_batch"].text, *self._claim_args([request])
+                        )
+                        if not rows:
+                            return _vanished(request.id)
+                        return _claim_result(rows[0], rows[0]["claimed"], rows[0]["status"])
+            # no room: the locks are already let go; record the job as waiting
+            await conn.execute(QUERIES["register_waiting"].text, *_waiting_args(request))
+            row = await conn.fetchrow(QUERIES["claimability"].text, request.id)
+            if row is None:
+                return _vanished(request.id)
+            status = f"capped:{full}" if row["claimable"] else row["status"]
+            return _claim_result(row, False, status)
 
-        return await self._run(op)
+        result = await self._run(op)
+        if self.on_capped_claim is not None:
+            self.on_capped_claim(request, result, left if result.claimed else {})
+        return result
+
+    on_capped_claim: Callable[[ClaimRequest, ClaimResult, Mapping[str, int]], None] | None = None
+    """Told every ``claim_capped`` result as soon as it is known, before the job runs, with
+    the places its capped scopes (``tenant``, ``type``) have left once it took one: the
+    worker lets the scope's next waiting delivery try then, unless none is left."""
+
+    def cap_channel(self) -> str:
+        """The NOTIFY channel on which ``complete_batch`` names capped scopes that freed a place."""
+        return cap_channel(self.namespace)
+
+    def is_own_backend(self, pid: int) -> bool:
+        """Whether ``pid`` is the server process of one of this store's batch connections
+        (a NOTIFY from there reports what this worker already knows)."""
+        return any(
+            not conn.is_closed() and conn.get_server_pid() == pid
+            for conn in self._batch_conns.values()
+        )
+
+    async def notify_caps_freed(self, scopes: Sequence[str]) -> None:
+        """NOTIFY the fleet that places of these capped scopes (``tenant:x``, ``type:y``) freed."""
+        channel = self.cap_channel()
+
+        async def op(conn: asyncpg.Connection) -> None:
+            for scope in scopes:
+                await conn.execute(QUERIES["notify"].text, channel, scope)
+
+        await self._run(op)
 
     async def _complete_batch(self, outcomes: Sequence[Outcome]) -> list[bool]:
         rows = await self._batch_fetch(
@@ -560,7 +609,7 @@ class JobStore:
             async with conn.transaction():
                 added = bool(await conn.fetchval(QUERIES["add_tenant_queue"].text, queue, tenant))
                 await conn.execute(
-                    QUERIES["notify_tenant_queue"].text, channel, f"{queue}.{tenant}"
+                    QUERIES["notify"].text, channel, f"{queue}.{tenant}"
                 )
                 return added
 
@@ -647,7 +696,7 @@ class JobStore:
 
 async def _notify_settings_changed(conn: asyncpg.Connection, channel: str) -> None:
     """NOTIFY ``tenants-changed`` (delivered when the caller's transaction commits)."""
-    await conn.execute(QUERIES["notify_tenant_queue"].text, channel, TENANTS_CHANGED)
+    await conn.execute(QUERIES["notify"].text, channel, TENANTS_CHANGED)
 
 
 def _claim_result(row: Any, claimed: bool, status: str) -> ClaimResult:
@@ -663,11 +712,35 @@ def _claim_result(row: Any, claimed: bool, status: str) -> ClaimResult:
     )
 
 
-def _full_scope(room: Any) -> str | None:
+def cap_channel(namespace: str) -> str:
+    """NOTIFY channel of freed cap places (``complete_batch`` names it ``<schema>.caps``)."""
+    return f"{namespace}.caps"
+
+
+def _busy_scope(locks: Any) -> str | None:
+    """Which scope's lock another transaction holds (``<scope>:busy``), or None."""
+    if locks["tenant_locked"] is False:
+        return "tenant:busy"
+    if locks["type_locked"] is False:
+        return "type:busy"
+    return None
+
+
+def _places_left(locks: Any, room: Any) -> dict[str, int]:
+    """Places each capped scope has left once this claim took one."""
+    left = {}
+    if locks["tenant_cap"] is not None:
+        left["tenant"] = locks["tenant_cap"] - room["tenant_running"] - 1
+    if locks["type_cap"] is not None:
+        left["type"] = locks["type_cap"] - room["type_running"] - 1
+    return left
+
+
+def _full_scope(locks: Any, room: Any) -> str | None:
     """Which cap (``tenant`` first, then ``type``) leaves no room, or None."""
-    if room["tenant_cap"] is not None and room["tenant_running"] >= room["tenant_cap"]:
+    if locks["tenant_cap"] is not None and room["tenant_running"] >= locks["tenant_cap"]:
         return "tenant"
-    if room["type_cap"] is not None and room["type_running"] >= room["type_cap"]:
+    if locks["type_cap"] is not None and room["type_running"] >= locks["type_cap"]:
         return "type"
     return None
 

@@ -6,12 +6,17 @@ worker takes it from there: declares and binds the queue, records the pair in
 PostgreSQL with a NOTIFY in the same transaction, and republishes the message,
 which now routes. Every worker LISTENs and also re-reads the table
 periodically, because NOTIFY is a hint that is lost while disconnected.
+
+The same connection LISTENs on ``<ns>.caps``, where completions name the
+capped tenants and types that freed a place (``tenant:x``, ``type:y``), so
+a worker holding deliveries of a full cap tries again at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
@@ -29,6 +34,8 @@ log = structlog.get_logger("coldbrew.tenants")
 OnQueue = Callable[[str, str], Awaitable[None]]
 OnSettings = Callable[[list[TenantSettings], list[JobTypeSettings]], None]
 OnReject = Callable[[AbstractIncomingMessage, ContractViolation], None]
+OnCapFreed = Callable[[str, int], None]
+"""Told each ``<ns>.caps`` payload with the PID of the server process that sent it."""
 
 
 class TenantQueues:
@@ -44,6 +51,7 @@ class TenantQueues:
         on_queue: OnQueue,
         on_reject: OnReject,
         on_settings: OnSettings | None = None,
+        on_cap_freed: OnCapFreed | None = None,
     ) -> None:
         self.store = store
         self.broker = broker
@@ -52,6 +60,9 @@ class TenantQueues:
         self._on_queue = on_queue
         self._on_reject = on_reject
         self._on_settings = on_settings
+        self._on_cap_freed = on_cap_freed
+        self.cap_listening = False
+        """Whether freed cap places are being heard (NOTIFY) right now."""
         self._hinted: asyncio.Queue[str] = asyncio.Queue()
 
     async def ensure(self, queue: str, tenant: str) -> None:
@@ -98,11 +109,21 @@ class TenantQueues:
             try:
                 listening = self.store.listen(self.topology.tenant_channel, self._hinted.put_nowait)
                 async with listening as conn:
-                    await self.sync()
-                    await self._follow(stop, resync_seconds, conn.is_closed)
+                    if self._on_cap_freed is not None:
+                        await conn.add_listener(self.store.cap_channel(), self._cap_freed)
+                    try:
+                        self.cap_listening = self._on_cap_freed is not None
+                        await self.sync()
+                        await self._follow(stop, resync_seconds, conn.is_closed)
+                    finally:
+                        self.cap_listening = False
             except (DatabaseUnavailable, BrokerUnavailable, OSError) as exc:
                 log.warning("tenant_watch_interrupted", error=str(exc))
                 await sleep_unless(stop, min(resync_seconds, 5.0))
+
+    def _cap_freed(self, _conn: Any, pid: int, _channel: str, payload: str) -> None:
+        if self._on_cap_freed is not None:
+            self._on_cap_freed(payload, pid)
 
     async def _follow(
         self, stop: asyncio.Event, resync_seconds: float, closed: Callable[[], bool]

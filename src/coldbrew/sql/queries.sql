@@ -77,7 +77,7 @@ JOIN input AS i ON i.id = j.id
 WHERE j.id NOT IN (SELECT id FROM claimed);
 
 -- name: complete_batch
--- Write outcomes fenced by attempt, with progress not yet flushed, and count finished jobs per lane and tenant for the drain rate; returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons, $9 progress fractions, $10 progress messages)
+-- Write outcomes fenced by attempt, with progress not yet flushed, count finished jobs per lane and tenant for the drain rate, and NOTIFY "<schema>.caps" with each capped tenant and type that freed a place; returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons, $9 progress fractions, $10 progress messages)
 WITH written AS (
     UPDATE jobs AS j
     SET status = u.status::job_status,
@@ -101,7 +101,7 @@ WITH written AS (
          AS u(id, attempt, status, result, error_kind, error_message, delay, dead_reason,
               progress, progress_message)
     WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
-    RETURNING j.id, j.queue, j.tenant, j.status
+    RETURNING j.id, j.queue, j.tenant, j.type, j.status
 ),
 counted AS (
     -- sorted, so that concurrent batches lock counter rows in one order (no deadlock)
@@ -109,8 +109,22 @@ counted AS (
     SELECT queue, tenant, count(*) FROM written WHERE status <> 'retrying'
     GROUP BY queue, tenant ORDER BY queue, tenant
     ON CONFLICT (queue, tenant) DO UPDATE SET finished = c.finished + excluded.finished
+),
+freed AS (
+    -- every row written left 'running': a place of its tenant's and its type's cap freed.
+    -- Tell the fleet's waiting workers (channel "<schema>.caps", delivered at commit), one
+    -- notification per capped scope; a batch without a capped tenant or type costs one
+    -- primary-key probe per distinct tenant and type, and sends nothing.
+    SELECT pg_notify(current_schema() || '.caps', 'tenant:' || t.name)
+    FROM tenants AS t
+    WHERE t.name IN (SELECT tenant FROM written) AND t.max_running IS NOT NULL
+    UNION ALL
+    SELECT pg_notify(current_schema() || '.caps', 'type:' || y.name)
+    FROM job_types AS y
+    WHERE y.name IN (SELECT type FROM written) AND y.max_running IS NOT NULL
 )
-SELECT id FROM written;
+-- the count makes PostgreSQL run "freed" (a plain SELECT in WITH runs only when read), once
+SELECT id FROM written WHERE (SELECT count(*) FROM freed) >= 0;
 
 -- name: extend_leases
 -- Heartbeat: extend the leases of jobs still held; returns them with their cancel flag ($1 ids, $2 attempts, $3 lease seconds)
@@ -266,17 +280,35 @@ INSERT INTO job_types (name, max_running) VALUES ($1, $2::int4)
 ON CONFLICT (name) DO UPDATE SET max_running = $2::int4
 RETURNING name, max_running, created_at;
 
--- name: lock_cap_scopes
--- Serialize capped claims of one tenant, then of one job type (always in that order, so never a deadlock), until the transaction ends; the key includes the schema because advisory locks are database-wide ($1 tenant, $2 type)
-SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || ':cap:tenant:' || $1, 0)),
-       pg_advisory_xact_lock(hashtextextended(current_schema() || ':cap:type:' || $2, 0));
+-- name: try_lock_cap_scopes
+-- Without waiting, take the advisory lock of a capped job's tenant, then of its type (always in that order), each only if that scope has a cap; a lock another transaction holds reads false and the type's is then not tried (null). Held until the transaction ends; the key includes the schema because advisory locks are database-wide ($1 tenant, $2 type)
+WITH caps AS MATERIALIZED (
+    SELECT (SELECT max_running FROM tenants WHERE name = $1) AS tenant_cap,
+           (SELECT max_running FROM job_types WHERE name = $2) AS type_cap
+),
+tenant_lock AS MATERIALIZED (
+    SELECT tenant_cap, type_cap,
+           CASE WHEN tenant_cap IS NULL THEN true
+                ELSE pg_try_advisory_xact_lock(
+                         hashtextextended(current_schema() || ':cap:tenant:' || $1, 0))
+           END AS tenant_locked
+    FROM caps
+)
+SELECT tenant_cap, type_cap, tenant_locked,
+       CASE WHEN NOT tenant_locked THEN NULL
+            WHEN type_cap IS NULL THEN true
+            ELSE pg_try_advisory_xact_lock(hashtextextended(current_schema() || ':cap:type:' || $2, 0))
+       END AS type_locked
+FROM tenant_lock;
 
 -- name: cap_room
--- Under the scope locks: the tenant's and the type's caps and how many of their jobs run now, fleet-wide ($1 tenant, $2 type)
-SELECT (SELECT max_running FROM tenants WHERE name = $1) AS tenant_cap,
-       (SELECT max_running FROM job_types WHERE name = $2) AS type_cap,
-       (SELECT count(*) FROM jobs WHERE status = 'running' AND tenant = $1) AS tenant_running,
-       (SELECT count(*) FROM jobs WHERE status = 'running' AND type = $2) AS type_running;
+-- After try_lock_cap_scopes, in a statement of its own so that its snapshot is taken under the locks: how many jobs of the tenant and of the type run now, fleet-wide; a null scope is not counted (0) ($1 tenant or null, $2 type or null)
+SELECT CASE WHEN $1::text IS NULL THEN 0
+            ELSE (SELECT count(*) FROM jobs WHERE status = 'running' AND tenant = $1::text)
+       END AS tenant_running,
+       CASE WHEN $2::text IS NULL THEN 0
+            ELSE (SELECT count(*) FROM jobs WHERE status = 'running' AND type = $2::text)
+       END AS type_running;
 
 -- name: register_waiting
 -- A capped job waits: record it as queued if it has no row yet, so that status and stats see it ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key)
@@ -294,8 +326,8 @@ SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, statu
              OR (status = 'running' AND lease_expires_at < now()))) AS claimable
 FROM jobs WHERE id = $1;
 
--- name: notify_tenant_queue
--- Tell the fleet a (lane, tenant) queue exists ($1 channel, $2 payload "queue.tenant")
+-- name: notify
+-- Tell the fleet something through LISTEN/NOTIFY: a new (lane, tenant) queue, changed tenant settings, freed cap places ($1 channel, $2 payload)
 SELECT pg_notify($1, $2);
 
 -- name: insert_rejected
