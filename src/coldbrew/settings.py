@@ -93,6 +93,7 @@ class Settings(BaseSettings):
         default_factory=lambda: os.cpu_count() or 1
     )
     prefetch: Annotated[int, Field(ge=0, le=65_535)] = 0
+    consume_channels: Annotated[int, Field(ge=1, le=1024)] = 64
     queues: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     lease_seconds: Annotated[float, Field(gt=0)] = 30.0

@@ -225,6 +225,7 @@ class Worker:
             self.topology,
             name=f"coldbrew-worker:{settings.worker_id}",
             heartbeat=settings.amqp_heartbeat_seconds,
+            consume_channels=settings.consume_channels,
         )
         await broker.connect(prefetch=settings.effective_prefetch)
         stack.push_async_callback(broker.close)
