@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
-from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +25,7 @@ from coldbrew.aio import sleep_unless
 from coldbrew.app import App
 from coldbrew.breaker import Breakers
 from coldbrew.broker import Broker, settle
+from coldbrew.caps import CapGate, Scope
 from coldbrew.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -43,7 +42,7 @@ from coldbrew.runner import JobRunner
 from coldbrew.scheduler import TOP_CLASS, FairScheduler, Pending
 from coldbrew.settings import Settings
 from coldbrew.stats import StatsSnapshot
-from coldbrew.store import ClaimRequest, ClaimResult, JobStore, JobTypeSettings, TenantSettings
+from coldbrew.store import JobStore, JobTypeSettings, TenantSettings
 from coldbrew.tenants import TenantQueues
 from coldbrew.topology import Topology
 
@@ -62,57 +61,10 @@ class _Parts:
 
 
 Reject = tuple[AbstractIncomingMessage, ContractViolation]
-Scope = tuple[str, str]
-"""A fleet-wide cap's scope: ``("tenant", name)`` or ``("type", name)``."""
-
-CAP_RETRY_FIRST = 0.05
-CAP_RETRY_MAX = 0.5
-"""Backoff of a full cap's re-check (seconds). Places freed here are seen at once,
-places freed by other workers when their NOTIFY arrives: while this worker
-LISTENs, a full cap is re-checked after ``CAP_RETRY_MAX`` only, as the safety
-net for a lost NOTIFY (and for leases the reaper frees); while it does not, the
-re-check backs off from ``CAP_RETRY_FIRST`` to ``CAP_RETRY_MAX``."""
-CAP_BUSY_RETRY = 0.01
-"""Re-check after another worker's capped claim held the scope's lock (seconds, +-50%)."""
-
-
-@dataclass(slots=True)
-class _CapScope:
-    """A fleet-wide cap's scope, as this worker sees it.
-
-    At most one capped claim of a scope is in flight here (``claiming``). A
-    claim that finds the cap full (or its lock busy) marks the scope ``full``:
-    its deliveries wait, holding no job slot, until a wake (a place freed
-    here, a NOTIFY from the fleet, a cap change, or the backoff timer) lets
-    one of them try again. A tenant's waiting deliveries stay in the
-    scheduler (the tenant is not eligible meanwhile), so they keep its order;
-    a type's are taken out, into ``held`` (a scheduler of their own, same
-    order), because the scheduler can only hold back whole tenants.
-    """
-
-    claiming: bool = False
-    full: bool = False
-    woken: bool = False  # a wake came while a claim was in flight: "full" may be stale
-    timer: asyncio.TimerHandle | None = None
-    fulls: int = 0  # claims in a row that found it full: the backoff doubles with each
-    held: FairScheduler[Delivery] | None = None
-
-    @property
-    def blocked(self) -> bool:
-        return self.claiming or self.full
-
-    @property
-    def idle(self) -> bool:
-        """Nothing to remember (a grown backoff is kept until a place frees)."""
-        waiting = self.claiming or self.full or bool(self.held) or self.timer is not None
-        return not waiting and self.fulls == 0
 
 
 class Worker:
     """Runs the jobs of one ``App`` until ``stop()``."""
-
-    cap_retry_first = CAP_RETRY_FIRST
-    cap_retry_max = CAP_RETRY_MAX
 
     def __init__(
         self, app: App, settings: Settings, *, registry: CollectorRegistry | None = None
@@ -140,15 +92,13 @@ class Worker:
         self._rejects: asyncio.Queue[Reject] = asyncio.Queue()
         self._consumed: set[tuple[str, str]] = set()
         self._paused: frozenset[str] = frozenset()
-        self._tenant_caps: dict[str, int] = {}
-        self._type_caps: dict[str, int] = {}
-        self._weights: dict[str, float] = {}
-        self._caps: dict[Scope, _CapScope] = {}
-        # job id -> the delivery whose capped claim is in flight, and its scopes
-        self._claiming: dict[str, tuple[Pending[Delivery], tuple[Scope, ...]]] = {}
-        self._held_ready: set[Scope] = set()  # type scopes whose held deliveries may go now
-        self._cap_notified: set[Scope] = set()
-        self._freed_at_drain: set[Scope] = set()
+        self.caps = CapGate(
+            scheduler=self.scheduler,
+            aging_seconds=settings.aging_seconds / TOP_CLASS,
+            metrics=self.metrics,
+            dispatch=self._dispatch,
+            listening=lambda: self._parts.tenants.cap_listening,
+        )
         broker_timeout = settings.broker_consumer_timeout_seconds
         # held deliveries are handed back before RabbitMQ's consumer_timeout would
         # close the channel under them (SEMANTICS §1)
@@ -267,7 +217,7 @@ class Worker:
             reset_seconds=settings.breaker_reset_seconds,
             on_state=self.metrics.set_breaker_state,
         )
-        store.on_capped_claim = self._capped_claim_done
+        store.on_capped_claim = self.caps.capped_claim_done
         runner = JobRunner(
             settings=settings,
             store=store,
@@ -407,39 +357,33 @@ class Worker:
         """Weights go to the scheduler; paused tenants are held; caps route claims."""
         for tenant in tenants:
             self.scheduler.set_weight(tenant.name, tenant.weight)
-            self._weights[tenant.name] = tenant.weight
-            for cap in self._caps.values():
-                if cap.held is not None:
-                    cap.held.set_weight(tenant.name, tenant.weight)
+            self.caps.set_weight(tenant.name, tenant.weight)
         paused = frozenset(t.name for t in tenants if t.paused)
         if paused != self._paused:
             log.info("paused_tenants", tenants=sorted(paused))
             self._paused = paused
         tenant_caps = {t.name: t.max_running for t in tenants if t.max_running is not None}
         type_caps = {t.name: t.max_running for t in types if t.max_running is not None}
-        if tenant_caps != self._tenant_caps or type_caps != self._type_caps:
+        if self.caps.set_caps(tenant_caps, type_caps):
             log.info("fleet_caps", tenants=tenant_caps, types=type_caps)
-            self._tenant_caps, self._type_caps = tenant_caps, type_caps
-            self._caps_changed()
         self._dispatch()
 
     def _eligible(self, tenant: str) -> bool:
         if tenant in self._paused:
             return False
-        cap = self._caps.get(("tenant", tenant))
-        return cap is None or not cap.blocked
+        return not self.caps.blocked(("tenant", tenant))
 
     def _dispatch(self) -> None:
         """Start jobs while there are free slots and held deliveries."""
         limit = self.settings.concurrency
         while self._running < limit and not self._closing:
-            pending = self._take_held() if self._held_ready else None
+            pending = self.caps.take_held()
             if pending is None:
-                eligible = self._eligible if self._paused or self._caps else None
+                eligible = self._eligible if self._paused or self.caps.active else None
                 pending = self.scheduler.pop(time.monotonic(), eligible)
                 if pending is None:
                     return
-            scopes = self._cap_scopes(pending) if self._tenant_caps or self._type_caps else ()
+            scopes = self.caps.scopes(pending)
             if scopes and not self._begin_capped_claim(pending, scopes):
                 continue
             self._running += 1
@@ -454,41 +398,18 @@ class Worker:
         try:
             verdict = await self._parts.runner.process(pending.payload, capped=True)
         except BaseException:
-            self._claim_over(pending)
+            self.caps.claim_over(pending)
             raise
         if verdict is not None and self._closing:  # the drain handed the others back
-            self._claim_over(pending)
+            self.caps.claim_over(pending)
             await settle(pending.payload.message, requeue=True)
         elif verdict is not None:  # "capped:<scope>[:busy]": hold it, not nack it
-            self._claim_over(pending, forget=False)  # keep what a wake meanwhile said
-            self._park(pending, verdict)
+            self.caps.park(pending, verdict)
         else:  # it ran here (or was a duplicate): a place of its scopes may have freed
-            self._claim_over(pending)  # when no claim result was heard (gave up)
-            if self._closing:
-                self._freed_at_drain.update(scopes)
-            for scope in scopes:
-                if (cap := self._caps.get(scope)) is not None:
-                    cap.fulls = 0
-                    self._wake(scope, dispatch=False)
+            self.caps.job_done(pending, scopes, draining=self._closing)
         self._dispatch()
 
-    # --- fleet-wide caps: one claim in flight per scope, waiting without a slot -----
-
-    def _cap_scopes(self, pending: Pending[Delivery]) -> tuple[Scope, ...]:
-        tenant, job_type = pending.tenant, pending.payload.spec.name
-        if tenant in self._tenant_caps:
-            if job_type in self._type_caps:
-                return (("tenant", tenant), ("type", job_type))
-            return (("tenant", tenant),)
-        if job_type in self._type_caps:
-            return (("type", job_type),)
-        return ()
-
-    def _cap(self, scope: Scope) -> _CapScope:
-        cap = self._caps.get(scope)
-        if cap is None:
-            cap = self._caps[scope] = _CapScope()
-        return cap
+    # --- fleet-wide caps: ``CapGate`` (caps.py) decides, the worker asks and tells ----
 
     def _begin_capped_claim(self, pending: Pending[Delivery], scopes: tuple[Scope, ...]) -> bool:
         """Mark the claim of ``pending`` in flight for its scopes; False when one is blocked,
@@ -496,156 +417,14 @@ class Worker:
         if not self._eligible(pending.tenant):  # a held type delivery whose tenant is held back
             self.scheduler.push(pending)
             return False
-        for scope in scopes:
-            cap = self._caps.get(scope)
-            if scope[0] == "type" and cap is not None and cap.blocked:
-                self._hold(scope, cap, pending)
-                return False
-        for scope in scopes:
-            cap = self._cap(scope)
-            cap.claiming, cap.woken = True, False
-        self._claiming[pending.payload.envelope.job_id] = (pending, scopes)
-        return True
-
-    def _claim_over(self, pending: Pending[Delivery], *, forget: bool = True) -> None:
-        """``pending``'s capped claim ended without ``_capped_claim_done`` (capped, gave up,
-        or cancelled): its scopes may take another claim."""
-        job_id = pending.payload.envelope.job_id
-        entry = self._claiming.get(job_id)
-        if entry is not None and entry[0] is pending:
-            del self._claiming[job_id]
-            self._end_capped_claim(entry[1], forget=forget)
-
-    def _capped_claim_done(
-        self, request: ClaimRequest, result: ClaimResult, left: Mapping[str, int]
-    ) -> None:
-        """``JobStore.on_capped_claim``: a claim that took a place lets the scope's next
-        waiting delivery try at once, while this job runs, unless it took the last place
-        (``left``); a claim that found a duplicate lets it try too."""
-        if result.status.startswith("capped:"):
-            return  # ``_run_one`` parks it, in this same step
-        entry = self._claiming.pop(request.id, None)
-        if entry is None:
-            return
-        scopes = entry[1]
-        if result.claimed:
-            for scope in scopes:
-                if (cap := self._caps.get(scope)) is not None:
-                    cap.fulls = 0
-                    if left.get(scope[0], 1) <= 0:  # full now: wait for a place to free
-                        self._mark_full(scope, cap, busy=False)
-        self._end_capped_claim(scopes)
-        self._dispatch()
-
-    def _end_capped_claim(self, scopes: tuple[Scope, ...], *, forget: bool = True) -> None:
-        for scope in scopes:
-            cap = self._caps.get(scope)
-            if cap is None:
-                continue
-            cap.claiming = False
-            if not cap.full and cap.held:
-                self._held_ready.add(scope)
-            if forget and cap.idle:
-                del self._caps[scope]
-
-    def _hold(self, scope: Scope, cap: _CapScope, pending: Pending[Delivery]) -> None:
-        if cap.held is None:
-            cap.held = FairScheduler(
-                aging_seconds=self.settings.aging_seconds / TOP_CLASS, weights=self._weights
-            )
-        cap.held.push(pending)
-
-    def _take_held(self) -> Pending[Delivery] | None:
-        """The best held delivery of a type scope that may try again, if any."""
-        while self._held_ready:
-            scope = self._held_ready.pop()
-            cap = self._caps.get(scope)
-            if cap is None or cap.blocked or not cap.held:
-                continue
-            pending = cap.held.pop(time.monotonic())
-            if cap.held:
-                self._held_ready.add(scope)  # more may go if this one's claim takes its place
-            return pending
-        return None
-
-    def _park(self, pending: Pending[Delivery], verdict: str) -> None:
-        """Hold a delivery whose cap is full (or whose lock was busy) until a wake."""
-        kind, _, busy = verdict.removeprefix("capped:").partition(":")
-        scope = (kind, pending.tenant if kind == "tenant" else pending.payload.spec.name)
-        self.metrics.cap_waits.labels(kind).inc()
-        cap = self._cap(scope)
-        if kind == "tenant":  # waits in the scheduler, where the tenant is held back meanwhile
-            self.scheduler.push(pending)
-        else:
-            self._hold(scope, cap, pending)
-        self._mark_full(scope, cap, busy=bool(busy))
-
-    def _mark_full(self, scope: Scope, cap: _CapScope, *, busy: bool) -> None:
-        """The scope has no place (or another worker was claiming one): wait for a wake."""
-        cap.full = True
-        self._held_ready.discard(scope)
-        if cap.timer is not None:
-            cap.timer.cancel()
-        if cap.woken:  # a place freed while the claim was counting: look again at once
-            cap.woken, delay = False, 0.0
-        elif busy:  # another worker was claiming in this scope: there may be room
-            delay = CAP_BUSY_RETRY * random.uniform(0.5, 1.5)
-        elif self._parts.tenants.cap_listening:  # a freed place will be heard: safety net only
-            delay = self.cap_retry_max
-        else:
-            delay = min(self.cap_retry_first * 2 ** min(cap.fulls, 20), self.cap_retry_max)
-            cap.fulls += 1
-        cap.timer = asyncio.get_running_loop().call_later(delay, self._wake, scope)
-
-    def _wake(self, scope: Scope, *, dispatch: bool = True) -> None:
-        """Let a full scope's best waiting delivery try again (one claim at a time)."""
-        cap = self._caps.get(scope)
-        if cap is None:
-            return
-        if cap.timer is not None:
-            cap.timer.cancel()
-            cap.timer = None
-        if cap.claiming:
-            cap.woken = True
-        elif cap.full:
-            cap.full = False
-            if cap.held:
-                self._held_ready.add(scope)
-        if cap.idle:
-            del self._caps[scope]
-        if dispatch:
-            self._dispatch()
+        return self.caps.begin_claim(pending, scopes)
 
     def _cap_freed_elsewhere(self, payload: str, pid: int) -> None:
         """NOTIFY ``<ns>.caps`` (``tenant:x`` or ``type:y``): a place freed somewhere in the
-        fleet. Wakes are coalesced: one per scope per burst of notifications."""
+        fleet; the gate wakes whatever of that scope waits here."""
         if self._started is None or self._parts.store.is_own_backend(pid):
             return  # our own completion: already woken here, after its commit
-        kind, _, name = payload.partition(":")
-        scope = (kind, name)
-        cap = self._caps.get(scope)
-        if cap is None or not cap.blocked:
-            return  # nothing of that scope waits here
-        if not self._cap_notified:
-            asyncio.get_running_loop().call_soon(self._wake_notified)
-        self._cap_notified.add(scope)
-
-    def _wake_notified(self) -> None:
-        scopes, self._cap_notified = self._cap_notified, set()
-        for scope in scopes:
-            self._wake(scope, dispatch=False)
-        self._dispatch()
-
-    def _caps_changed(self) -> None:
-        """Caps were set or removed: waiting scopes look again at once; a type that lost its
-        cap gives its held deliveries back to the scheduler."""
-        for scope, cap in list(self._caps.items()):
-            capped = scope[1] in (self._tenant_caps if scope[0] == "tenant" else self._type_caps)
-            if not capped and cap.held is not None:
-                for pending in cap.held.drain():
-                    self.scheduler.push(pending)
-                cap.held = None
-            self._wake(scope, dispatch=False)
+        self.caps.freed_elsewhere(payload)
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._running -= 1
@@ -772,9 +551,7 @@ class Worker:
         """
         cutoff = time.monotonic() - self.hold_limit
         stale = self.scheduler.remove_where(lambda p: p.enqueued_at < cutoff)
-        for cap in self._caps.values():
-            if cap.held:
-                stale.extend(cap.held.remove_where(lambda p: p.enqueued_at < cutoff))
+        stale.extend(self.caps.remove_held_where(lambda p: p.enqueued_at < cutoff))
         for pending in stale:
             self.metrics.held_requeued.inc()
             await settle(pending.payload.message, requeue=True)
@@ -822,14 +599,7 @@ class Worker:
         log.info("worker_draining", in_flight=len(self._tasks), held=len(self.scheduler))
         await self._parts.broker.cancel_consumers()
         waiting = self.scheduler.drain()
-        for cap in self._caps.values():
-            if cap.timer is not None:
-                cap.timer.cancel()
-                cap.timer = None
-            if cap.held is not None:
-                waiting.extend(cap.held.drain())
-                cap.held = None
-        self._held_ready.clear()
+        waiting.extend(self.caps.drain())
         for pending in waiting:
             await settle(pending.payload.message, requeue=True)
         grace = self.settings.shutdown_grace_seconds
@@ -844,8 +614,7 @@ class Worker:
             task.cancel()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=5.0)
-        if self._freed_at_drain:  # released jobs freed places: tell the fleet's waiters
-            freed = sorted(f"{kind}:{name}" for kind, name in self._freed_at_drain)
+        if freed := self.caps.freed_at_drain():  # released jobs freed places: tell the fleet
             with contextlib.suppress(DatabaseUnavailable):
                 await self._parts.store.notify_caps_freed(freed)
 

@@ -41,7 +41,7 @@ async def results(client: Client, ids: list[str], timeout: float = 60) -> list[A
 
 def full_here(worker: Worker, scope: tuple[str, str]) -> bool:
     """Whether ``worker`` holds deliveries of ``scope`` because its cap was found full."""
-    cap = worker._caps.get(scope)
+    cap = worker.caps._scopes.get(scope)
     return cap is not None and cap.full
 
 
@@ -273,7 +273,7 @@ async def test_a_place_freed_on_one_worker_wakes_the_other_at_once(
         scope = ("type", "transcode")
     await start_worker(worker_id="w1", queues=["default"])
     w2 = await start_worker(worker_id="w2", queues=["lane2"])
-    w2.cap_retry_first = w2.cap_retry_max = 5.0
+    w2.caps.retry_first = w2.caps.retry_max = 5.0
     first = await client.submit(job_type, {"seconds": 1.5}, tenant=tenants[0])
 
     async def running() -> bool:
@@ -316,9 +316,9 @@ async def test_waiting_deliveries_run_by_priority_then_age_one_at_a_time(
         waiting.append((priority, job.id))
 
     async def all_held() -> bool:
-        return len(worker.scheduler) + sum(
-            len(cap.held or ()) for cap in worker._caps.values()
-        ) >= 4 - sum(cap.claiming for cap in worker._caps.values())
+        caps = worker.caps._scopes.values()
+        held = sum(len(cap.held or ()) for cap in caps)
+        return len(worker.scheduler) + held >= 4 - sum(cap.claiming for cap in caps)
 
     await wait_until(all_held, timeout=10)
     done = await results(client, [job_id for _, job_id in waiting], timeout=30)
