@@ -608,9 +608,7 @@ class JobStore:
         async def op(conn: asyncpg.Connection) -> bool:
             async with conn.transaction():
                 added = bool(await conn.fetchval(QUERIES["add_tenant_queue"].text, queue, tenant))
-                await conn.execute(
-                    QUERIES["notify"].text, channel, f"{queue}.{tenant}"
-                )
+                await conn.execute(QUERIES["notify"].text, channel, f"{queue}.{tenant}")
                 return added
 
         return await self._run(op)
