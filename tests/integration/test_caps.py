@@ -123,18 +123,32 @@ async def test_capped_job_waits_as_queued_and_runs_when_the_cap_rises(
     assert final.status == "succeeded" and final.attempt == 1
 
 
+@pytest.mark.parametrize("held_by", ["paused tenant", "full type cap"])
 async def test_deliveries_held_too_long_are_handed_back_not_lost(
-    start_worker: WorkerFactory, client: Client, settings: Settings
+    start_worker: WorkerFactory, client: Client, settings: Settings, held_by: str
 ) -> None:
-    """A paused tenant's delivery held past the consumer_timeout margin goes back to
-    RabbitMQ (and comes back to be held again); on resume the job runs once."""
+    """A delivery held past the consumer_timeout margin (its tenant paused, or its type
+    at a cap of 0) goes back to RabbitMQ and comes back to be held again; released, the
+    job runs once."""
     channel = Topology(settings.namespace).tenant_channel
-    await client.store.set_tenant("waiting", paused=True, channel=channel)
+    paused = held_by == "paused tenant"
+
+    async def hold(on: bool) -> None:
+        if paused:
+            await client.store.set_tenant("waiting", paused=on, channel=channel)
+        else:
+            cap = 0 if on else None
+            await client.store.set_job_type("transcode", max_running=cap, channel=channel)
+
+    await hold(True)
     worker = await start_worker(
         broker_consumer_timeout_seconds=3.0, heartbeat_seconds=0.5, lease_seconds=5.0
     )
     assert worker.hold_limit == 1.5
-    job = await client.submit("echo", {"value": 1}, tenant="waiting")
+    if paused:
+        job = await client.submit("echo", {"value": 1}, tenant="waiting")
+    else:
+        job = await client.submit("transcode", {"seconds": 0.01}, tenant="t1")
 
     async def requeued_twice() -> bool:
         value = worker.metrics.registry.get_sample_value("coldbrew_held_requeued_total")
@@ -142,7 +156,7 @@ async def test_deliveries_held_too_long_are_handed_back_not_lost(
 
     await wait_until(requeued_twice, timeout=15)
     assert (await client.get(job.id)).status == "queued"
-    await client.store.set_tenant("waiting", paused=False, channel=channel)
+    await hold(False)
     final = await client.wait(job.id, timeout=10)
     assert final.status == "succeeded" and final.attempt == 1
 
@@ -354,26 +368,3 @@ async def test_a_place_freed_without_a_notify_is_found_by_the_safety_timer(
         await conn.close()
     (done,) = await results(client, [waiting.id], timeout=10)
     assert done["start"] - freed < 1.5
-
-
-async def test_held_type_deliveries_are_handed_back_before_the_consumer_timeout(
-    start_worker: WorkerFactory, client: Client, settings: Settings
-) -> None:
-    """A delivery held behind a full type cap is handed back to RabbitMQ before the
-    consumer_timeout margin (and comes back to be held again); uncapped, it runs once."""
-    channel = Topology(settings.namespace).tenant_channel
-    await client.store.set_job_type("transcode", max_running=0, channel=channel)
-    worker = await start_worker(
-        broker_consumer_timeout_seconds=3.0, heartbeat_seconds=0.5, lease_seconds=5.0
-    )
-    job = await client.submit("transcode", {"seconds": 0.01}, tenant="t1")
-
-    async def requeued_twice() -> bool:
-        value = worker.metrics.registry.get_sample_value("coldbrew_held_requeued_total")
-        return (value or 0) >= 2
-
-    await wait_until(requeued_twice, timeout=15)
-    assert (await client.get(job.id)).status == "queued"
-    await client.store.set_job_type("transcode", max_running=None, channel=channel)
-    final = await client.wait(job.id, timeout=10)
-    assert final.status == "succeeded" and final.attempt == 1
