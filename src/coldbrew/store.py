@@ -23,6 +23,7 @@ from coldbrew.errors import DatabaseUnavailable, JobNotFound, SchemaOutOfDate, S
 from coldbrew.model import JobRecord
 from coldbrew.settings import mask_url
 from coldbrew.sql import LATEST_VERSION, QUERIES
+from coldbrew.topology import Topology
 
 T = TypeVar("T")
 
@@ -430,7 +431,7 @@ class JobStore:
 
     def cap_channel(self) -> str:
         """The NOTIFY channel on which ``complete_batch`` names capped scopes that freed a place."""
-        return cap_channel(self.namespace)
+        return Topology(self.namespace).caps_channel
 
     def is_own_backend(self, pid: int) -> bool:
         """Whether ``pid`` is the server process of one of this store's batch connections
@@ -708,11 +709,6 @@ def _claim_result(row: Any, claimed: bool, status: str) -> ClaimResult:
         checkpoint=row["checkpoint"],
         started_at=row["started_at"],
     )
-
-
-def cap_channel(namespace: str) -> str:
-    """NOTIFY channel of freed cap places (``complete_batch`` names it ``<schema>.caps``)."""
-    return f"{namespace}.caps"
 
 
 def _busy_scope(locks: Any) -> str | None:

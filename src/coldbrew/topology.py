@@ -50,6 +50,15 @@ class Topology:
         """PostgreSQL NOTIFY channel that announces a newly provisioned tenant queue."""
         return f"{self.namespace}.tenants"
 
+    @property
+    def caps_channel(self) -> str:
+        """PostgreSQL NOTIFY channel naming capped scopes that freed a place.
+
+        ``complete_batch`` builds the same name in SQL (``current_schema() || '.caps'``;
+        the namespace is the schema).
+        """
+        return f"{self.namespace}.caps"
+
     def jobs_exchange_arguments(self) -> dict[str, Any]:
         return {"alternate-exchange": self.unrouted_exchange}
 
