@@ -3,7 +3,7 @@
 
 ``bench/throughput.py`` publishes only the no-op body, so this module adds
 the pieces that differ (any message body, precise CPU, status polling,
-py-spy) and reuses everything else from it and ``bench/_common.py`` by
+py-spy in ``_profile.py``) and reuses everything else from it and ``bench/_common.py`` by
 import: ``throughput.Config`` carries the service URLs and the work
 directory, ``_common.worker_process`` starts a worker on any app with extra
 settings.
@@ -12,38 +12,28 @@ settings.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aio_pika
 import asyncpg
 from bench._common import BenchError, RunningWorker, cpu_seconds, tail
-from bench.throughput import Config, summarize_stacks
+from bench.throughput import Config
 
 from coldbrew.broker import Broker
 from coldbrew.migrate import quote_ident
 from coldbrew.topology import Topology
 
 __all__ = [
-    "Spy",
     "cpu_time",
     "declare_default_queue",
     "job_body",
     "publish_bodies",
-    "render_profile",
     "services",
-    "start_profile",
     "status_counts",
-    "stop_profile",
     "wait_status_count",
 ]
 
@@ -194,73 +184,3 @@ async def wait_status_count(
             counts = await status_counts(conn, namespace)
             raise BenchError(f"{label}: {count}/{target} {status} after {timeout:g} s: {counts}")
         await asyncio.sleep(poll)
-
-
-# --- profiling ------------------------------------------------------------------------------------
-
-PROFILE_RATE = 500
-
-
-@dataclass(frozen=True, slots=True)
-class Spy:
-    process: asyncio.subprocess.Process
-    folded: Path
-
-
-async def start_profile(out_dir: Path | None, pid: int, name: str) -> Spy:
-    """``py-spy record`` of ``pid`` into the existing ``out_dir``; non-blocking, no pauses."""
-    beside = Path(sys.executable).parent / "py-spy"  # the venv's, when it is not on PATH
-    py_spy = shutil.which("py-spy") or (str(beside) if beside.exists() else None)
-    if py_spy is None or out_dir is None:
-        raise BenchError("--profile needs py-spy (pip install py-spy)")
-    folded = out_dir / f"{name}.folded"
-    process = await asyncio.create_subprocess_exec(
-        py_spy,
-        "record",
-        "--pid",
-        str(pid),
-        "--format",
-        "raw",
-        "--function",
-        "--nonblocking",
-        "--rate",
-        str(PROFILE_RATE),
-        "--output",
-        str(folded),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    return Spy(process, folded)
-
-
-async def stop_profile(spy: Spy) -> dict[str, Any] | None:
-    """Stop py-spy (it writes on SIGINT) and summarize its stacks like ``throughput --profile``."""
-    with contextlib.suppress(ProcessLookupError):
-        spy.process.send_signal(signal.SIGINT)
-    try:
-        await asyncio.wait_for(spy.process.wait(), timeout=30)
-    except TimeoutError:
-        spy.process.kill()
-        await spy.process.wait()
-        return None
-    if not spy.folded.exists():
-        return None
-    summary = summarize_stacks(spy.folded.read_text())
-    summary |= {"folded": str(spy.folded), "rate_hz": PROFILE_RATE}
-    return summary
-
-
-def render_profile(profile: dict[str, Any], what: str, top: int = 15) -> list[str]:
-    """Text lines for a ``stop_profile`` summary."""
-    lines = [
-        f"py-spy of {what} ({profile['samples']:,} busy samples at {profile['rate_hz']} Hz; "
-        f"{profile['folded']}):",
-        "  what the loop was running (first frame under it), %:",
-    ]
-    lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["entry_percent"][:top]]
-    lines.append("  top functions by inclusive %:")
-    lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["inclusive_percent"][:top]]
-    lines.append("  top functions by self %:")
-    lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["self_percent"][:top]]
-    return lines

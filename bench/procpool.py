@@ -55,16 +55,14 @@ from bench._common import (
     run_main,
     worker_process,
 )
+from bench._profile import render_profile, start_profile, stop_profile
 from bench._worker import (
     cpu_time,
     declare_default_queue,
     job_body,
     publish_bodies,
-    render_profile,
     services,
-    start_profile,
     status_counts,
-    stop_profile,
     wait_status_count,
 )
 from bench.throughput import (

@@ -30,13 +30,10 @@ import asyncio
 import contextlib
 import json
 import secrets
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +62,7 @@ from bench._common import (
     worker_env,
     worker_process,
 )
+from bench._profile import start_profile, stop_profile
 
 from coldbrew import logs
 from coldbrew.broker import Broker
@@ -79,8 +77,6 @@ SCRIPT = Path(__file__).resolve()
 POLL_SECONDS = 0.05
 PUBLISH_WINDOW = 256
 PROFILE_RATE = 250
-LOOP_FRAME = "Runner.run (asyncio/runners.py"
-LOOP_SELF = "<event loop: uvloop's C code>"
 
 
 @dataclass
@@ -439,99 +435,26 @@ async def idle_memory(cfg: Config) -> dict[str, Any]:
 
 async def profile_drain(cfg: Config, out_dir: Path) -> dict[str, Any]:
     """One more, unmeasured coldbrew drain with py-spy sampling the worker (collapsed stacks)."""
-    py_spy = shutil.which("py-spy")
-    if py_spy is None:
-        raise BenchError("--profile needs py-spy (pip install py-spy)")
-    folded = out_dir / "worker.folded"
     label = "profile"
     async with namespace_for(cfg, label) as namespace:
         await prepublish(cfg, namespace, cfg.repeat)
         conn = await asyncpg.connect(cfg.database_url)
         try:
             async with worker_process(cfg, namespace, label) as worker:
-                spy = await asyncio.create_subprocess_exec(
-                    py_spy,
-                    "record",
-                    "--pid",
-                    str(worker.pid),
-                    "--format",
-                    "raw",
-                    "--function",
-                    "--nonblocking",
-                    "--rate",
-                    str(PROFILE_RATE),
-                    "--output",
-                    str(folded),
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+                spy = await start_profile(out_dir, worker.pid, "worker", rate=PROFILE_RATE)
                 try:
                     started = time.perf_counter()
                     await wait_succeeded(cfg, conn, namespace, worker.process, label)
                     seconds = time.perf_counter() - started
                 finally:
-                    with contextlib.suppress(ProcessLookupError):
-                        spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-                    await asyncio.wait_for(spy.wait(), timeout=30)
+                    summary = await stop_profile(spy)
         finally:
             await conn.close()
-    summary = summarize_stacks(folded.read_text())
+    if summary is None:
+        raise BenchError(f"py-spy wrote no profile to {spy.folded}")
     summary["rate"] = cfg.jobs / seconds
-    summary["folded"] = str(folded)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def summarize_stacks(text: str, top: int = 25) -> dict[str, Any]:
-    """Sample shares from py-spy's collapsed stacks, with the event loop's own frames cut off.
-
-    Frames down to ``Runner.run`` (the loop) are dropped, so the first frame
-    left is the callback or task the loop was running (the "entry"); samples
-    with nothing under the loop are uvloop's own C code.
-    """
-    own: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    entries: Counter[str] = Counter()
-    packages: Counter[str] = Counter()
-    total = 0
-    for line in text.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        frames = stack.split(";")
-        cut = next((i for i, f in enumerate(frames) if f.startswith(LOOP_FRAME)), None)
-        if cut is not None:
-            frames = frames[cut + 1 :] or [LOOP_SELF]
-        total += count
-        own[frames[-1]] += count
-        entries[frames[0]] += count
-        packages[_package(frames[-1])] += count
-        for frame in set(frames):
-            inclusive[frame] += count
-
-    def shares(counter: Counter[str]) -> list[tuple[str, float]]:
-        return [(name, n / total * 100) for name, n in counter.most_common(top)] if total else []
-
-    return {
-        "samples": total,
-        "self_percent": shares(own),
-        "inclusive_percent": shares(inclusive),
-        "entry_percent": shares(entries),
-        "package_self_percent": shares(packages),
-    }
-
-
-def _package(frame: str) -> str:
-    """``func (aiormq/connection.py:12)`` -> ``aiormq``; stdlib modules by their top name."""
-    if frame == LOOP_SELF:
-        return "uvloop"
-    where = frame[frame.rfind("(") + 1 :].rstrip(")")
-    path = where.split(":")[0]
-    if "/" not in path:
-        return path.removesuffix(".py")
-    return path.split("/")[0]
 
 
 def _child_pids(pid: int) -> list[int]:
