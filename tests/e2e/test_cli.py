@@ -349,19 +349,10 @@ async def test_stats(settings: Settings, worker: WorkerProcess) -> None:
 
 def test_tenants_commands(settings: Settings) -> None:
     """`tenants set/pause/resume/list` record settings; bad names and weights exit 2."""
-    env = worker_env(settings)
-    env["PYTHONPATH"] = str(ROOT)
+    env = cli_env(settings)
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "coldbrew", "tenants", *argv],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return run_cli_sync(env, "tenants", *argv)
 
     assert run("set", "acme", "--weight", "3").returncode == 0
     assert run("pause", "acme").returncode == 0
@@ -390,19 +381,10 @@ def test_tenants_commands(settings: Settings) -> None:
 
 def test_types_commands(settings: Settings) -> None:
     """`types set TYPE --max-running N|none` and `types list`; bad values exit 2."""
-    env = worker_env(settings)
-    env["PYTHONPATH"] = str(ROOT)
+    env = cli_env(settings)
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "coldbrew", "types", *argv],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return run_cli_sync(env, "types", *argv)
 
     assert "no job type has a cap" in run("list").stdout
     assert run("set", "transcode", "--max-running", "4").returncode == 0
