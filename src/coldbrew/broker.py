@@ -384,10 +384,8 @@ class Broker:
         if exc is not None and not self._closing:
             log.warning("broker_connection_lost", url=mask_url(self.url), error=str(exc))
 
-    def _channel(self, consume: bool = False) -> AbstractRobustChannel:
-        channel = self._consume_channels[0] if consume and self._consume_channels else None
-        if not consume:
-            channel = self._publish_channel
+    def _channel(self) -> AbstractRobustChannel:
+        channel = self._publish_channel
         if channel is None:
             raise BrokerUnavailable("broker used before connect()")
         return channel

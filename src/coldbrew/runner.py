@@ -71,7 +71,7 @@ class JobRunner:
         self._is_stopping = is_stopping
         self._on_db_health = on_db_health
         self._rand = random.Random()
-        self._detached: set[asyncio.Task[Any]] = set()  # outcome writes whose job was cancelled
+        self._detached: set[asyncio.Task[Any]] = set()  # outcome writes waiting out an outage
         self.breakers = breakers
 
     # --- one delivery -------------------------------------------------------------
@@ -347,19 +347,22 @@ class JobRunner:
         else:
             self._on_db_health(True)
             return written
-        return await asyncio.shield(
-            self._until_db_ok(lambda: self.store.complete(outcome), give_up_on_stop=False)
-        )
+        return await asyncio.shield(self._write_through_outage(outcome))
 
     def _retry_if_failed(self, outcome: Outcome, done: asyncio.Future[bool]) -> None:
         if done.cancelled() or not isinstance(done.exception(), DatabaseUnavailable):
             return  # written, fenced, or shut down with the store
+        self._write_through_outage(outcome)
+
+    def _write_through_outage(self, outcome: Outcome) -> asyncio.Task[bool | None]:
+        """A supervised task that retries the outcome's write until PostgreSQL answers."""
         task = asyncio.create_task(
             self._until_db_ok(lambda: self.store.complete(outcome), give_up_on_stop=False),
             name=f"complete:{outcome.id}",
         )
         self._detached.add(task)
         task.add_done_callback(self._detached_done)
+        return task
 
     def _detached_done(self, task: asyncio.Task[Any]) -> None:
         self._detached.discard(task)
