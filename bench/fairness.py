@@ -1347,13 +1347,16 @@ def render_aging(res: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                 f"{spread_text([r['stream_seconds_after_probe'] for r in runs], '{:.1f}')} "
                 "after its publish"
             )
-        if any(not r["stream_min_ready"] for r in runs):
-            lines.append("       WARNING: the stream ran dry (0 ready) in a repeat: not saturated")
+        # the ready count can dip to 0 while an aging sweep holds s's messages (unacked):
+        # saturation is judged by s's running jobs
+        if any(r["s_running_min"] < 0.9 * cfg["concurrency"] for r in runs):
+            lines.append("       WARNING: s ran below 90% of the slots in a repeat: not saturated")
         elif key == "same_tenant" and late:
             lines.append(
                 "       why: RabbitMQ delivers a priority queue strictly by priority, so the "
-                "priority-0 message stays in the broker behind s's priority-9 backlog and the "
-                "worker's aging never sees it"
+                "priority-0 message stays in the broker behind s's priority-9 backlog until "
+                "an aging sweep takes it (none did: COLDBREW_AGING_SWEEP_LIMIT=0, or a "
+                "backlog above the limit)"
             )
         lines.append(
             f"       target: within {res['target_seconds']:g} s, during the stream (every repeat): "

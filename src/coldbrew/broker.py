@@ -9,6 +9,7 @@ exchange, queue, binding and consumer declared here (SEMANTICS §5).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import weakref
@@ -45,6 +46,19 @@ PUBLISH_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 Consumer = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """What ``Broker.sweep_queue`` took: the queue's ready count, then the messages."""
+
+    ready: int
+    messages: list[AbstractIncomingMessage]
+
+    @property
+    def drained(self) -> bool:
+        """Whether it took every message that was ready when it began."""
+        return len(self.messages) >= self.ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +329,7 @@ class Broker:
         self._jobs_exchange: AbstractRobustExchange | None = None
         self._dead_exchange: AbstractRobustExchange | None = None
         self._consumers: dict[str, tuple[AbstractRobustQueue, str]] = {}
+        self._sweep_channel: AbstractRobustChannel | None = None
         self._closing = False
 
     async def connect(self, *, prefetch: int = 0) -> None:
@@ -534,6 +549,85 @@ class Broker:
     @property
     def consuming(self) -> int:
         return len(self._consumers)
+
+    async def sweep_queue(
+        self,
+        queue_name: str,
+        *,
+        limit: int,
+        quiet_seconds: float = 0.2,
+        max_seconds: float = 2.0,
+    ) -> Sweep:
+        """Take up to ``limit`` of a queue's ready messages at once, past its priority order.
+
+        A consumer of its own, on a channel of its own, with a prefetch as
+        large as what is taken, collects deliveries until it has what was
+        ready, none came for ``quiet_seconds``, or ``max_seconds`` passed;
+        then it is cancelled. The messages stay unacked on that channel: the
+        caller keeps some (they settle like any delivery) and requeues the
+        rest (``requeue``). The channel stays open for the kept ones; a
+        delivery arriving after the collection ended goes straight back.
+        """
+        channel = await self._sweeping_channel()
+        try:
+            queue = await channel.declare_queue(queue_name, passive=True, robust=False)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            self._sweep_channel = None  # the broker closed the channel on the 404
+            return Sweep(0, [])
+        result = queue.declaration_result
+        ready = result.message_count or 0 if result is not None else 0
+        if ready == 0:
+            return Sweep(0, [])
+        want = min(ready, limit)
+        await channel.set_qos(prefetch_count=want)
+        loop = asyncio.get_running_loop()
+        taken: list[AbstractIncomingMessage] = []
+        collecting = True
+        last = loop.time()
+        enough = asyncio.Event()
+
+        async def take(message: AbstractIncomingMessage) -> None:
+            nonlocal last
+            track_delivery(message)
+            if not collecting:
+                await settle(message, requeue=True)
+                return
+            taken.append(message)
+            last = loop.time()
+            if len(taken) >= want:
+                enough.set()
+
+        tag = await queue.consume(take, no_ack=False, robust=False)
+        try:
+            deadline = loop.time() + max_seconds
+            while not enough.is_set() and loop.time() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(enough.wait(), timeout=quiet_seconds)
+                if loop.time() - last >= quiet_seconds:
+                    break
+        except BaseException:
+            collecting = False
+            await self.requeue(taken)
+            raise
+        finally:
+            collecting = False
+            with contextlib.suppress(*PUBLISH_ERRORS):
+                await queue.cancel(tag)
+        return Sweep(ready, list(taken))
+
+    async def _sweeping_channel(self) -> AbstractRobustChannel:
+        if self._connection is None:
+            raise BrokerUnavailable("broker used before connect()")
+        channel = self._sweep_channel
+        if channel is None or channel.is_closed:
+            channel = self._sweep_channel = await self._connection.channel()
+        return channel
+
+    @staticmethod
+    async def requeue(messages: Sequence[AbstractIncomingMessage]) -> None:
+        """Hand deliveries back to the broker, each at the head of its priority."""
+        for message in messages:
+            await settle(message, requeue=True)
 
     async def cancel_consumers(self) -> None:
         """Stop all deliveries at once (drain); unacked ones stay with us until acked."""

@@ -205,6 +205,19 @@ class Metrics:
             "Waiting deliveries handed back to RabbitMQ before its consumer_timeout.",
             registry=reg,
         )
+        self.aging_sweeps = Counter(
+            "coldbrew_aging_sweeps_total",
+            "Looks past a queue's head for jobs held back behind higher priorities, by result "
+            "(kept: found some; none_held_back; empty: nothing ready).",
+            ["result"],
+            registry=reg,
+        )
+        self.aging_swept = Counter(
+            "coldbrew_aging_swept_total",
+            "Messages taken by aging sweeps: kept to run (held back too long) or returned.",
+            ["fate"],
+            registry=reg,
+        )
         self.breaker_state = Gauge(
             "coldbrew_breaker_state",
             "Circuit breaker state: 0 closed, 1 half-open, 2 open.",

@@ -105,6 +105,7 @@ class Settings(BaseSettings):
     tenant_resync_seconds: Annotated[float, Field(gt=0)] = 10.0
     shutdown_grace_seconds: Annotated[float, Field(ge=0)] = 30.0
     aging_seconds: Annotated[float, Field(gt=0)] = 10.0
+    aging_sweep_limit: Annotated[int, Field(ge=0, le=100_000)] = 1000
     amqp_heartbeat_seconds: Annotated[int, Field(ge=1, le=600)] = 10
     broker_consumer_timeout_seconds: Annotated[float, Field(gt=0)] = 1800.0
     breaker_failure_threshold: Annotated[int, Field(ge=1)] = 5

@@ -21,10 +21,11 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage
 from prometheus_client import CollectorRegistry
 
+from coldbrew.aging import StarvationWatch
 from coldbrew.aio import sleep_unless
 from coldbrew.app import App
 from coldbrew.breaker import Breakers
-from coldbrew.broker import Broker, settle
+from coldbrew.broker import Broker, settle, settle_soon
 from coldbrew.caps import CapGate, Scope
 from coldbrew.errors import (
     BrokerUnavailable,
@@ -43,6 +44,7 @@ from coldbrew.scheduler import TOP_CLASS, FairScheduler, Pending
 from coldbrew.settings import Settings
 from coldbrew.stats import StatsSnapshot
 from coldbrew.store import JobStore, JobTypeSettings, TenantSettings
+from coldbrew.sweeper import QueueSweeper
 from coldbrew.tenants import TenantQueues
 from coldbrew.topology import Topology
 
@@ -80,6 +82,8 @@ class Worker:
         self.scheduler: FairScheduler[Delivery] = FairScheduler(
             aging_seconds=settings.aging_seconds / TOP_CLASS
         )
+        # which queues may hide low-priority messages behind a stream (aging.py)
+        self.starvation = StarvationWatch(settings.aging_seconds / 2)
         self.ready = asyncio.Event()
         self.metrics_port: int | None = None
         self._stop = asyncio.Event()
@@ -273,6 +277,27 @@ class Worker:
             ),
             name="reaper",
         )
+        sweeper = QueueSweeper(
+            watch=self.starvation,
+            broker=self._parts.broker,
+            topology=self.topology,
+            metrics=self.metrics,
+            accept=self._accept_swept,
+            is_closing=lambda: self._closing,
+            limit=settings.aging_sweep_limit,
+            keep_max=settings.effective_prefetch,
+            aging_seconds=settings.aging_seconds,
+        )
+        group.create_task(
+            run_periodically(
+                "aging-sweep",
+                sweeper.sweep_due,
+                interval=self.starvation.window / 4,
+                stop=stop,
+                full_batch=1 << 30,  # never again at once: due queues were all swept
+            ),
+            name="aging-sweep",
+        )
         group.create_task(self._heartbeat_loop(), name="heartbeat")
         group.create_task(self._reject_loop(), name="dead-letters")
         group.create_task(self._health_loop(), name="db-health")
@@ -323,6 +348,16 @@ class Worker:
         if self._closing:
             await settle(message, requeue=True)
             return
+        self._hold(message, time.monotonic(), observe=True)
+
+    def _accept_swept(self, message: AbstractIncomingMessage, arrived: float) -> None:
+        """An aging sweep kept ``message``: it waits as if it had arrived at ``arrived``."""
+        if self._closing:
+            settle_soon(message, requeue=True)
+            return
+        self._hold(message, arrived, observe=False)
+
+    def _hold(self, message: AbstractIncomingMessage, arrived: float, *, observe: bool) -> None:
         try:
             delivery = self._parse(message)
         except ContractViolation as violation:
@@ -333,7 +368,9 @@ class Worker:
             self.metrics.priority_clamped.inc()
         if message.redelivered:
             self.metrics.redeliveries.labels("broker_flag").inc()
-        self.scheduler.push(Pending(env.tenant, env.priority, time.monotonic(), delivery))
+        if observe:  # a sweep's messages prove nothing about the queue's priority levels
+            self.starvation.observe((env.queue, env.tenant), env.priority, arrived)
+        self.scheduler.push(Pending(env.tenant, env.priority, arrived, delivery))
         self._dispatch()
 
     def _parse(self, message: AbstractIncomingMessage) -> Delivery:

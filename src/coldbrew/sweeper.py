@@ -1,0 +1,102 @@
+"""The worker's aging sweeps: look past a starving queue's head (policy in ``aging.py``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import structlog
+from aio_pika.abc import AbstractIncomingMessage
+
+from coldbrew.aging import QueueKey, StarvationWatch
+from coldbrew.broker import PUBLISH_ERRORS, Broker
+from coldbrew.errors import BrokerUnavailable
+from coldbrew.metrics import Metrics
+from coldbrew.topology import Topology
+
+log = structlog.get_logger("coldbrew.sweeper")
+
+Accept = Callable[[AbstractIncomingMessage, float], None]
+
+
+class QueueSweeper:
+    """Sweeps the queues ``watch`` finds due; kept messages go to ``accept``.
+
+    ``accept(message, arrived)`` takes a kept delivery with the monotonic
+    instant it counts as having arrived (the scheduler ages it from there).
+    """
+
+    def __init__(
+        self,
+        *,
+        watch: StarvationWatch,
+        broker: Broker,
+        topology: Topology,
+        metrics: Metrics,
+        accept: Accept,
+        is_closing: Callable[[], bool],
+        limit: int,
+        keep_max: int,
+        aging_seconds: float,
+    ) -> None:
+        self.watch = watch
+        self.broker = broker
+        self.topology = topology
+        self.metrics = metrics
+        self.accept = accept
+        self.is_closing = is_closing
+        self.limit = limit
+        self.keep_max = keep_max
+        self.aging_seconds = aging_seconds
+
+    async def sweep_due(self) -> int:
+        """Sweep every queue that is due now; the number swept (``run_periodically`` step)."""
+        if self.limit == 0:
+            return 0
+        due = self.watch.due(time.monotonic())
+        for key in due:
+            if self.is_closing():
+                break
+            try:
+                await self._sweep(key)
+            except PUBLISH_ERRORS as exc:
+                raise BrokerUnavailable(f"aging sweep of {key}: {exc!r}") from exc
+        return len(due)
+
+    async def _sweep(self, key: QueueKey) -> None:
+        started = time.monotonic()
+        lane, tenant = key
+        sweep = await self.broker.sweep_queue(
+            self.topology.job_queue(lane, tenant), limit=self.limit
+        )
+        now = time.monotonic()
+        plan = self.watch.plan(
+            key,
+            [m.priority for m in sweep.messages],
+            now=now,
+            keep_max=self.keep_max,
+            drained=sweep.drained,
+            oldest=now - self.aging_seconds,
+        )
+        self.watch.swept(key, started, plan.cleared)
+        if self.is_closing():
+            await self.broker.requeue(sweep.messages)
+            return
+        for index, arrived in sorted(plan.keep.items()):
+            self.accept(sweep.messages[index], arrived)
+        back = [m for i, m in enumerate(sweep.messages) if i not in plan.keep]
+        await self.broker.requeue(back)
+        result = "kept" if plan.keep else ("empty" if not sweep.messages else "none_held_back")
+        self.metrics.aging_sweeps.labels(result).inc()
+        self.metrics.aging_swept.labels("kept").inc(len(plan.keep))
+        self.metrics.aging_swept.labels("returned").inc(len(back))
+        (log.info if plan.keep else log.debug)(
+            "aging_sweep",
+            queue=lane,
+            tenant=tenant,
+            ready=sweep.ready,
+            taken=len(sweep.messages),
+            kept=len(plan.keep),
+            returned=len(back),
+            seconds=round(time.monotonic() - started, 3),
+        )
