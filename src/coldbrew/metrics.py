@@ -51,7 +51,7 @@ OUTCOMES: Final[tuple[Outcome, ...]] = (
     "fenced",
     "released",
 )
-REDELIVERY_CAUSES: Final = ("broker_flag", "duplicate", "lease_expired")
+REDELIVERY_CAUSES: Final = ("broker_flag", "aging_sweep", "duplicate", "lease_expired")
 RELAY_CAUSES: Final = ("submission", "retry", "lease_expired", "replay")
 BreakerState = Literal["closed", "half_open", "open"]
 BREAKER_STATES: Final[Mapping[BreakerState, int]] = MappingProxyType(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
@@ -15,6 +16,8 @@ from coldbrew.metrics import Metrics
 from coldbrew.topology import Topology
 
 log = structlog.get_logger("coldbrew.sweeper")
+
+RETURNED_MEMORY = 10_000
 
 Accept = Callable[[AbstractIncomingMessage, float], None]
 
@@ -48,6 +51,25 @@ class QueueSweeper:
         self.limit = limit
         self.keep_max = keep_max
         self.aging_seconds = aging_seconds
+        # ids of messages this worker handed back, so that their redelivery here is
+        # counted as the sweep's, not as a broker redelivery (bounded, oldest dropped)
+        self._returned: dict[str, None] = {}
+
+    def returned_here(self, message_id: str | None) -> bool:
+        """Whether a redelivered message is one a sweep here handed back (forgets it)."""
+        if message_id is None or message_id not in self._returned:
+            return False
+        del self._returned[message_id]
+        return True
+
+    def _remember_returned(self, messages: list[AbstractIncomingMessage]) -> None:
+        for message in messages:
+            if message.message_id is not None:
+                self._returned[message.message_id] = None
+        excess = len(self._returned) - RETURNED_MEMORY
+        if excess > 0:
+            for key in list(itertools.islice(self._returned, excess)):
+                del self._returned[key]
 
     async def sweep_due(self) -> int:
         """Sweep every queue that is due now; the number swept (``run_periodically`` step)."""
@@ -85,6 +107,7 @@ class QueueSweeper:
         for index, arrived in sorted(plan.keep.items()):
             self.accept(sweep.messages[index], arrived)
         back = [m for i, m in enumerate(sweep.messages) if i not in plan.keep]
+        self._remember_returned(back)
         await self.broker.requeue(back)
         result = "kept" if plan.keep else ("empty" if not sweep.messages else "none_held_back")
         self.metrics.aging_sweeps.labels(result).inc()

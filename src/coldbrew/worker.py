@@ -109,6 +109,7 @@ class Worker:
         self.hold_limit = broker_timeout - 60.0 if broker_timeout > 120 else broker_timeout / 2
         self._fatal: BaseException | None = None
         self._started: _Parts | None = None
+        self._sweeper: QueueSweeper | None = None
 
     # --- control ------------------------------------------------------------------
 
@@ -277,7 +278,7 @@ class Worker:
             ),
             name="reaper",
         )
-        sweeper = QueueSweeper(
+        sweeper = self._sweeper = QueueSweeper(
             watch=self.starvation,
             broker=self._parts.broker,
             topology=self.topology,
@@ -367,7 +368,8 @@ class Worker:
         if env.priority_clamped:
             self.metrics.priority_clamped.inc()
         if message.redelivered:
-            self.metrics.redeliveries.labels("broker_flag").inc()
+            swept = self._sweeper is not None and self._sweeper.returned_here(message.message_id)
+            self.metrics.redeliveries.labels("aging_sweep" if swept else "broker_flag").inc()
         if observe:  # a sweep's messages prove nothing about the queue's priority levels
             self.starvation.observe((env.queue, env.tenant), env.priority, arrived)
         self.scheduler.push(Pending(env.tenant, env.priority, arrived, delivery))

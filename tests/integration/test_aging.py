@@ -79,7 +79,8 @@ async def test_priority_zero_runs_within_aging_behind_a_priority_nine_backlog(
     )
     assert stream_done_then < STREAM_JOBS * 0.75
     assert metric(worker, "coldbrew_aging_sweeps_total", result="kept") >= 1
-    assert metric(worker, "coldbrew_aging_swept_total", fate="returned") > 0
+    returned = metric(worker, "coldbrew_aging_swept_total", fate="returned")
+    assert returned > 0
     # returned messages were requeued, not lost, and none ran twice
     await wait_until(lambda: _at_least(settings, STREAM_JOBS + 1), timeout=30)
     conn = await asyncpg.connect(DATABASE_URL)
@@ -88,6 +89,9 @@ async def test_priority_zero_runs_within_aging_behind_a_priority_nine_backlog(
     finally:
         await conn.close()
     assert attempts == 1
+    # the returned messages came back here, and were told apart from broker redeliveries
+    assert 0 < metric(worker, "coldbrew_redeliveries_total", cause="aging_sweep") <= returned
+    assert metric(worker, "coldbrew_redeliveries_total", cause="broker_flag") == 0
     assert metric(worker, "coldbrew_jobs_started_total", queue="default", type="timed_sleep") == (
         STREAM_JOBS + 1
     )
