@@ -24,8 +24,9 @@ from typing import Any, Final, Literal
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from coldbrew.batching import GroupCommit
 from coldbrew.errors import ConfigurationError
 
 __all__ = [
@@ -251,9 +252,15 @@ class Metrics:
         self.breaker_state.labels(name=name).set(BREAKER_STATES[state])
 
     def add_scrape_callback(
-        self, name: str, documentation: str, labelnames: Sequence[str], fn: ScrapeCallback
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        fn: ScrapeCallback,
+        *,
+        counter: bool = False,
     ) -> None:
-        """Expose a gauge family whose samples ``fn`` computes at each scrape.
+        """Expose a gauge (or, with ``counter``, a counter) family that ``fn`` fills at each scrape.
 
         For values that are expensive to keep current but cheap to read when
         asked (queue depth, oldest job age). ``fn`` runs synchronously during
@@ -262,26 +269,56 @@ class Metrics:
         """
         if not name.startswith(_PREFIX):
             raise ValueError(f"metric name {name!r} must start with {_PREFIX!r}")
-        self.registry.register(_CallbackCollector(name, documentation, tuple(labelnames), fn))
+        self.registry.register(
+            _CallbackCollector(name, documentation, tuple(labelnames), fn, counter=counter)
+        )
+
+    def watch_group_commits(self, batchers: Iterable[GroupCommit[Any, Any]]) -> None:
+        """Batches and items per group-commit writer: items / batches is the mean batch.
+
+        Read from the writers' own counts at scrape time, so the hot path pays nothing.
+        """
+        writers = tuple(batchers)
+        self.add_scrape_callback(
+            "coldbrew_group_commit_batches",
+            "Statements written by group commit, by writer (claim, complete, release).",
+            ["writer"],
+            lambda: [((b.name,), b.batches) for b in writers],
+            counter=True,
+        )
+        self.add_scrape_callback(
+            "coldbrew_group_commit_items",
+            "Items written by group commit, by writer; divided by batches: the mean batch.",
+            ["writer"],
+            lambda: [((b.name,), b.items) for b in writers],
+            counter=True,
+        )
 
 
 class _CallbackCollector:
-    """A custom collector: one gauge family filled by a callback at scrape time."""
+    """A custom collector: one gauge or counter family filled by a callback at scrape time."""
 
     def __init__(
-        self, name: str, documentation: str, labelnames: tuple[str, ...], fn: ScrapeCallback
+        self,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...],
+        fn: ScrapeCallback,
+        *,
+        counter: bool = False,
     ) -> None:
         self._name = name
         self._documentation = documentation
         self._labelnames = labelnames
         self._fn = fn
+        self._family = CounterMetricFamily if counter else GaugeMetricFamily
 
     def describe(self) -> list[Metric]:
         """Declare the family's name so the registry rejects a duplicate at registration."""
-        return [GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)]
+        return [self._family(self._name, self._documentation, labels=self._labelnames)]
 
     def collect(self) -> list[Metric]:
-        family = GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        family = self._family(self._name, self._documentation, labels=self._labelnames)
         try:
             for label_values, value in self._fn():
                 family.add_metric(self._check_labels(label_values), float(value))

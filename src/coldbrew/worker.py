@@ -234,6 +234,7 @@ class Worker:
             on_db_health=self._set_db_ok,
             breakers=breakers,
         )
+        self.metrics.watch_group_commits([store.claims, store.completions, store.releases])
         stats = StatsSnapshot(store, max_tenants=settings.metrics_max_tenants)
         stats.register(self.metrics)
         tenants = TenantQueues(

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from coldbrew.batching import GroupCommit
 from coldbrew.errors import ConfigurationError
 from coldbrew.metrics import Metrics, MetricsServer
 
@@ -354,3 +355,17 @@ def test_drain_rate_average_converges_to_a_steady_rate() -> None:
     for second in range(0, 200, 5):
         rates.observe(key, second * 7, now=float(second))
     assert abs(rates.rates[key] - 7.0) < 1e-6
+
+
+async def test_group_commit_counts_are_counters_read_at_scrape(served: Served) -> None:
+    async def flush(items: Sequence[int]) -> list[int]:
+        return list(items)
+
+    claims: GroupCommit[int, int] = GroupCommit("claim", flush)
+    served.metrics.watch_group_commits([claims])
+    await asyncio.gather(*(claims.submit(i) for i in range(5)))
+    registry = served.metrics.registry
+    batches = registry.get_sample_value("coldbrew_group_commit_batches_total", {"writer": "claim"})
+    items = registry.get_sample_value("coldbrew_group_commit_items_total", {"writer": "claim"})
+    assert items == 5
+    assert batches == claims.batches >= 1
