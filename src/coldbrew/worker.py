@@ -373,8 +373,29 @@ class Worker:
             self.metrics.redeliveries.labels("aging_sweep" if swept else "broker_flag").inc()
         if observe:  # a sweep's messages prove nothing about the queue's priority levels
             self.starvation.observe((env.queue, env.tenant), env.priority, arrived)
-        self.scheduler.push(Pending(env.tenant, env.priority, arrived, delivery))
-        self._dispatch()
+        pending = Pending(env.tenant, env.priority, arrived, delivery)
+        if self._starts_at_once(pending):
+            self._launch(pending, ())
+        else:
+            self.scheduler.push(pending)
+            self._dispatch()
+
+    def _starts_at_once(self, pending: Pending[Delivery]) -> bool:
+        """Whether ``pending`` may skip the scheduler: a slot is free and nothing else waits.
+
+        Then the scheduler would pick it anyway; skipping its heaps saves
+        ~5% of a busy worker's CPU (bench/throughput.py profile). Such a
+        job is not charged to its tenant's fair share, which matters only
+        while others wait, and then this path is not taken.
+        """
+        return (
+            self._running < self.settings.concurrency
+            and not self.scheduler
+            and not self._closing
+            and not self.caps.active
+            and pending.tenant not in self._paused
+            and not self.caps.scopes(pending)
+        )
 
     def _parse(self, message: AbstractIncomingMessage) -> Delivery:
         envelope = parse_envelope(
@@ -426,10 +447,13 @@ class Worker:
             scopes = self.caps.scopes(pending)
             if scopes and not self._begin_capped_claim(pending, scopes):
                 continue
-            self._running += 1
-            task = asyncio.create_task(self._run_one(pending, scopes))
-            self._tasks.add(task)
-            task.add_done_callback(self._job_done)
+            self._launch(pending, scopes)
+
+    def _launch(self, pending: Pending[Delivery], scopes: tuple[Scope, ...]) -> None:
+        self._running += 1
+        task = asyncio.create_task(self._run_one(pending, scopes))
+        self._tasks.add(task)
+        task.add_done_callback(self._job_done)
 
     async def _run_one(self, pending: Pending[Delivery], scopes: tuple[Scope, ...]) -> None:
         if not scopes:
