@@ -180,6 +180,9 @@ def connection_settings(namespace: str) -> dict[str, str]:
 # bench/throughput.py: the claim backend spent 200 µs of CPU per job instead
 # of 50. These connections run nothing but those statements, so the other
 # plan shapes are simply ruled out for them.
+# Event-loop turns a busy claim or completion batch waits for company (batching.py).
+GATHER_TURNS: Final = 8
+
 KEYED_BATCH_PLANS: Final = MappingProxyType(
     {
         "enable_seqscan": "off",
@@ -198,9 +201,11 @@ class JobStore:
         self._dsn = dsn
         self.namespace = namespace
         self.claims: GroupCommit[ClaimRequest, ClaimResult] = GroupCommit(
-            "claim", self._claim_batch
+            "claim", self._claim_batch, gather_turns=GATHER_TURNS
         )
-        self.completions: GroupCommit[Outcome, bool] = GroupCommit("complete", self._complete_batch)
+        self.completions: GroupCommit[Outcome, bool] = GroupCommit(
+            "complete", self._complete_batch, gather_turns=GATHER_TURNS
+        )
         # a drain hands back every held job at once: one statement per batch, not per job
         self.releases: GroupCommit[tuple[str, int, bool], bool] = GroupCommit(
             "release", self._release_batch

@@ -91,3 +91,41 @@ async def test_a_cancelled_waiter_does_not_cancel_its_write() -> None:
     assert await asyncio.wait_for(future, timeout=1) == 70
     assert waiter.cancelled()
     await batcher.close()
+
+
+async def _trickle(batcher: GroupCommit[int, int], values: range) -> list[int]:
+    """Submit one item per event-loop turn, as deliveries reach a busy worker."""
+    futures = []
+    for value in values:
+        futures.append(batcher.enqueue(value))
+        await asyncio.sleep(0)
+    return list(await asyncio.gather(*futures))
+
+
+@pytest.mark.parametrize("turns", [0, 8])
+async def test_gather_turns_let_a_busy_batch_wait_for_company(turns: int) -> None:
+    """After a batch of several, the next waits ``turns`` loop turns: a trickle joins it."""
+    rec = Recorder()
+    rec.gate.clear()
+    batcher = GroupCommit("t", rec.flush, gather_turns=turns)
+    held = [batcher.enqueue(n) for n in (100, 101)]  # busy: the first batch is in flight...
+    await asyncio.sleep(0)
+    backlog = [batcher.enqueue(n) for n in (102, 103)]  # ...and the next holds two
+    rec.gate.set()
+    trickled = await _trickle(batcher, range(6))
+    await asyncio.gather(*held, *backlog)
+    assert trickled == [0, 10, 20, 30, 40, 50]
+    sizes = [len(b) for b in rec.batches]
+    if turns:
+        assert sizes == [2, 8]  # the trickle joined the backlog's batch
+    else:
+        assert len(sizes) >= 4, sizes  # without: the trickle went out a few at a time
+
+
+async def test_a_lone_item_never_waits_for_company() -> None:
+    """An idle system (last batch of one) is flushed at once, gather_turns or not."""
+    rec = Recorder()
+    batcher = GroupCommit("t", rec.flush, gather_turns=50)
+    for n in range(3):
+        assert await batcher.submit(n) == n * 10
+    assert rec.batches == [[0], [1], [2]]
