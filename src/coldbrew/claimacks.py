@@ -112,8 +112,10 @@ class ClaimAcks:
         self._stop_job = stop_job
         self._held: dict[HeldAck, None] = {}  # insertion (claim) order
         self._task: asyncio.Task[None] | None = None
-        self._urgent = asyncio.Event()  # the drain: no more waiting for a covering commit
+        self._urgent = False  # the drain, or a restart seen: no more waiting for a commit
+        self._wake = asyncio.Event()
         self._closed = False
+        self._closing = False  # the drain has begun: barriers without delay until the end
         store.on_durable = self.committed
 
     def __len__(self) -> int:
@@ -132,6 +134,12 @@ class ClaimAcks:
     def committed(self, server: datetime, seq: int) -> None:
         """A synchronous commit that wrote WAL on ``server``, sent after claim batch ``seq``."""
         self._ack_covered(server, seq, "covered")
+        if self._held and needs_verifying(self._held, server, seq):
+            self._barrier_now()  # PostgreSQL restarted: verify without waiting out the delay
+
+    def _barrier_now(self) -> None:
+        self._urgent = True
+        self._wake.set()
 
     def _ack_covered(self, server: datetime, seq: int, how: str) -> None:
         if not self._held:
@@ -150,9 +158,10 @@ class ClaimAcks:
             while self._held:
                 oldest = next(iter(self._held))
                 wait = oldest.since + self._delay - loop.time()
-                if wait > 0 and not self._urgent.is_set():
-                    await sleep_unless(self._urgent, wait)
+                if wait > 0 and not self._urgent:
+                    await sleep_unless(self._wake, wait)
                     continue  # a completion may have covered it meanwhile
+                self._wake.clear()
                 try:
                     server, seq = await self._store.durability_barrier()
                     self._ack_covered(server, seq, "barrier")
@@ -169,6 +178,7 @@ class ClaimAcks:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 backoff = 0.2
+                self._urgent = self._closing
         finally:
             self._task = None
 
@@ -199,7 +209,8 @@ class ClaimAcks:
     async def settle_all(self, timeout: float) -> None:
         """The drain: settle every held delivery now, by a barrier (or a verification) if
         PostgreSQL answers within ``timeout``; requeue the rest (the job runs again)."""
-        self._urgent.set()
+        self._closing = True
+        self._barrier_now()
         task = self._task
         if task is not None:
             await asyncio.wait({task}, timeout=timeout)

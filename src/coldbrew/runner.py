@@ -9,6 +9,10 @@ prefetch only bounds the deliveries *waiting* in this worker, not its running
 jobs, so it can be small (fairness), and RabbitMQ's consumer_timeout never
 closes a channel under a long job. A delivery whose job is finished, or held
 under a live lease elsewhere, is acked as a duplicate and not run.
+
+With ``COLDBREW_CLAIM_COMMIT=async`` the claim commits without waiting for the
+WAL flush and the job starts at once, but "committed" is not yet "durable":
+the ack then waits in ``ClaimAcks`` (claimacks.py) until it is.
 """
 
 from __future__ import annotations
