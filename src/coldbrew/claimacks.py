@@ -36,7 +36,6 @@ from typing import Any, Literal
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from coldbrew.aio import sleep_unless
 from coldbrew.broker import ack_soon, settle, settle_soon
 from coldbrew.errors import DatabaseUnavailable
 from coldbrew.jobstate import JobState
@@ -44,6 +43,12 @@ from coldbrew.metrics import Metrics
 from coldbrew.store import CommitMark, JobStore
 
 log = structlog.get_logger("coldbrew.claimacks")
+
+
+def _wake(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
+
 
 Verdict = Literal["verified", "superseded", "lost"]
 
@@ -113,7 +118,7 @@ class ClaimAcks:
         self._held: dict[HeldAck, None] = {}  # insertion (claim) order
         self._task: asyncio.Task[None] | None = None
         self._urgent = False  # the drain, or a restart seen: no more waiting for a commit
-        self._wake = asyncio.Event()
+        self._sleeping: asyncio.Future[None] | None = None
         self._closed = False
         self._closing = False  # the drain has begun: barriers without delay until the end
         store.on_durable = self.committed
@@ -139,7 +144,19 @@ class ClaimAcks:
 
     def _barrier_now(self) -> None:
         self._urgent = True
-        self._wake.set()
+        _wake(self._sleeping)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep until a barrier is due, or ``_barrier_now`` (no task per sleep: this is
+        on the hot path, once per few claims at a steady rate)."""
+        loop = asyncio.get_running_loop()
+        self._sleeping = loop.create_future()
+        timer = loop.call_later(seconds, _wake, self._sleeping)
+        try:
+            await self._sleeping
+        finally:
+            timer.cancel()
+            self._sleeping = None
 
     def _ack_covered(self, server: datetime, seq: int, how: str) -> None:
         if not self._held:
@@ -159,9 +176,9 @@ class ClaimAcks:
                 oldest = next(iter(self._held))
                 wait = oldest.since + self._delay - loop.time()
                 if wait > 0 and not self._urgent:
-                    await sleep_unless(self._wake, wait)
+                    await self._sleep(wait)
                     continue  # a completion may have covered it meanwhile
-                self._wake.clear()
+                self._urgent = self._closing  # set again if a restart shows meanwhile
                 try:
                     server, seq = await self._store.durability_barrier()
                     self._ack_covered(server, seq, "barrier")
@@ -176,9 +193,9 @@ class ClaimAcks:
                     )
                     await asyncio.sleep(backoff)  # the drain's own timeout bounds this
                     backoff = min(backoff * 2, 5.0)
+                    self._urgent = True  # retry at once: the held claims are overdue already
                     continue
                 backoff = 0.2
-                self._urgent = self._closing
         finally:
             self._task = None
 
