@@ -98,6 +98,7 @@ class LatencyConfig(Config):
     warmup: float = 1.0
     sides: tuple[str, ...] = SIDES
     threads: int = 8
+    claim_commit: str | None = None  # COLDBREW_CLAIM_COMMIT of the coldbrew worker (None: default)
 
 
 @dataclass
@@ -434,7 +435,8 @@ async def run_coldbrew(cfg: LatencyConfig, index: int) -> dict[str, Any]:
                 "bench.latency_app:app",
                 1,
                 label,
-                {"CBBENCH_UDP": udp},
+                {"CBBENCH_UDP": udp}
+                | ({"COLDBREW_CLAIM_COMMIT": cfg.claim_commit} if cfg.claim_commit else {}),
                 wait_ready=True,
             ) as (processes, logs_),
         ):
@@ -547,6 +549,7 @@ def summarize(
             "prefetch": cfg.prefetch,
             "coldbrew_concurrency": cfg.concurrency,
             "dramatiq_threads": cfg.threads,
+            "coldbrew_claim_commit": cfg.claim_commit or "default",
         },
         "machine": machine,
         "sides": sides,
@@ -573,7 +576,8 @@ def render(result: dict[str, Any]) -> str:
         f"publish->start latency: {cfg['rate']:g} msg/s for {cfg['seconds']:g} s, "
         f"{cfg['repeat']} rounds, first {cfg['warmup_seconds']:g} s discarded; prefetch "
         f"{cfg['prefetch']} (raw, dramatiq), coldbrew concurrency {cfg['coldbrew_concurrency']}, "
-        f"dramatiq {cfg['dramatiq_threads']} threads",
+        f"dramatiq {cfg['dramatiq_threads']} threads, coldbrew claim commit "
+        f"{cfg.get('coldbrew_claim_commit', 'default')}",
         f"coldbrew {machine.get('coldbrew_commit') or '?'}{dirty}; {machine['nproc']} x "
         f"{machine['cpu_model']}; RabbitMQ {machine['rabbitmq']}, PostgreSQL "
         f"{machine['postgresql']}, Python {machine['python']}, dramatiq "
@@ -647,6 +651,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--concurrency", type=int, default=100, help="COLDBREW_CONCURRENCY (100)")
     parser.add_argument("--threads", type=int, default=8, help="Dramatiq worker threads (8)")
+    parser.add_argument(
+        "--claim-commit",
+        choices=("sync", "async"),
+        help="COLDBREW_CLAIM_COMMIT of the coldbrew worker (its default when not given)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--amqp-url", default=DEFAULT_AMQP_URL)
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
@@ -702,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
             warmup=args.warmup,
             sides=args.sides,
             threads=args.threads,
+            claim_commit=args.claim_commit,
         )
 
     return run_main(config, run, render, json_output=args.json, workdir_prefix="cbbench-latency-")

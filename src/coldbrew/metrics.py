@@ -219,6 +219,15 @@ class Metrics:
             ["fate"],
             registry=reg,
         )
+        self.claim_acks = Counter(
+            "coldbrew_claim_acks_total",
+            "Asynchronously committed claims whose delivery was settled, by how: covered "
+            "(a later commit flushed it), barrier, verified (survived a PostgreSQL restart), "
+            "superseded (the row moved on; acked), lost (requeued; the job runs again), "
+            "unsettled (the worker stopped before it knew; requeued).",
+            ["how"],
+            registry=reg,
+        )
         self.breaker_state = Gauge(
             "coldbrew_breaker_state",
             "Circuit breaker state: 0 closed, 1 half-open, 2 open.",

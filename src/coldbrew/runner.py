@@ -9,6 +9,10 @@ prefetch only bounds the deliveries *waiting* in this worker, not its running
 jobs, so it can be small (fairness), and RabbitMQ's consumer_timeout never
 closes a channel under a long job. A delivery whose job is finished, or held
 under a live lease elsewhere, is acked as a duplicate and not run.
+
+With ``COLDBREW_CLAIM_COMMIT=async`` the claim commits without waiting for the
+WAL flush and the job starts at once, but "committed" is not yet "durable":
+the ack then waits in ``ClaimAcks`` (claimacks.py) until it is.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import structlog
 from coldbrew import retry
 from coldbrew.breaker import Breakers
 from coldbrew.broker import Broker, ack_soon, settle
+from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.context import Context
 from coldbrew.errors import (
     BrokerUnavailable,
@@ -73,6 +78,16 @@ class JobRunner:
         self._rand = random.Random()
         self._detached: set[asyncio.Task[Any]] = set()  # outcome writes waiting out an outage
         self.breakers = breakers
+        # COLDBREW_CLAIM_COMMIT=async: a delivery's ack waits until its claim is durable
+        self.claim_acks: ClaimAcks | None = None
+        if settings.claim_commit == "async":
+            self.claim_acks = ClaimAcks(
+                store,
+                metrics,
+                delay=settings.claim_barrier_seconds,
+                worker_id=settings.worker_id,
+                stop_job=self._stop_lost,
+            )
 
     # --- one delivery -------------------------------------------------------------
 
@@ -96,8 +111,12 @@ class JobRunner:
         if not claim.claimed:
             await self._not_claimed(delivery, claim)
             return None
-        ack_soon(message)  # the lease guards the job from here; it need not wait for the ack
         state = JobState(claim.id, claim.attempt, delivery, time.monotonic())
+        if claim.mark is not None and self.claim_acks is not None:
+            # committed asynchronously: ack once the claim is durable; the job starts now
+            self.claim_acks.hold(HeldAck(claim.id, claim.attempt, claim.mark, message, state))
+        else:
+            ack_soon(message)  # the lease guards the job from here; it need not wait for the ack
         self.inflight.add(state)
         handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
         handles.started.inc()
@@ -218,6 +237,20 @@ class JobRunner:
             # RuntimeError: the scope already exited, the job is finishing anyway
             with contextlib.suppress(RuntimeError):
                 state.scope.reschedule(asyncio.get_running_loop().time())
+
+    def _stop_lost(self, state: JobState) -> None:
+        """A PostgreSQL restart lost (or another claim superseded) this job's claim."""
+        if self.inflight.get(state.id) is state:
+            self.stop(state, "fenced")
+
+    async def settle_claim_acks(self, timeout: float) -> None:
+        """The drain: settle the deliveries still waiting for their claims to be durable."""
+        if self.claim_acks is not None:
+            await self.claim_acks.settle_all(timeout)
+
+    async def close(self) -> None:
+        if self.claim_acks is not None:
+            await self.claim_acks.close()
 
     async def _stopped(self, state: JobState, ctx: Context) -> Outcome | str:
         reason = state.stop_reason or "cancelled"

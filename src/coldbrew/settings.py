@@ -97,6 +97,8 @@ class Settings(BaseSettings):
     queues: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     lease_seconds: Annotated[float, Field(gt=0)] = 30.0
+    claim_commit: Literal["sync", "async"] = "async"
+    claim_barrier_seconds: Annotated[float, Field(ge=0, le=60)] = 0.005
     heartbeat_seconds: Annotated[float, Field(gt=0)] = 10.0
     reaper_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
     relay_interval_seconds: Annotated[float, Field(gt=0)] = 1.0

@@ -57,6 +57,20 @@ class ClaimRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class CommitMark:
+    """Where an asynchronously committed claim stands in this store's commit order.
+
+    ``server`` is the start time of the PostgreSQL server it committed on (a
+    restart changes it); ``seq`` counts this store's claim batches. A
+    synchronous commit that wrote WAL on the same server and was sent after
+    claim batch ``seq`` returned flushed that claim to disk.
+    """
+
+    server: datetime
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimResult:
     """What a claim found: ``claimed`` with our attempt number, or the row's status.
 
@@ -74,6 +88,9 @@ class ClaimResult:
     timeout: float | None
     checkpoint: Any
     started_at: datetime | None
+    mark: CommitMark | None = None
+    """Set when the claim committed asynchronously: it is not durable until a later
+    synchronous commit covers it (``JobStore.on_durable``). None: durable already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +228,11 @@ class JobStore:
             "release", self._release_batch
         )
         self._batch_conns: dict[str, asyncpg.Connection] = {}
+        self._batch_servers: dict[str, datetime] = {}  # each batch connection's server start
+        self._claim_seq = 0  # claim batches that returned so far (CommitMark.seq)
+        self.on_durable: Callable[[datetime, int], None] | None = None
+        """Told ``(server, seq)`` after each synchronous commit that wrote WAL: every
+        asynchronous claim committed on that server with ``mark.seq <= seq`` is durable."""
 
     @classmethod
     @asynccontextmanager
@@ -270,13 +292,17 @@ class JobStore:
         conn = self._batch_conns.get(name)
         try:
             if conn is None or conn.is_closed():
+                settings = {**connection_settings(self.namespace), **KEYED_BATCH_PLANS}
+                # every other batch commit must flush the WAL: completions and the
+                # barrier are what make asynchronous claims durable (claimacks.py),
+                # whatever the server's or the role's default says
+                async_claims = name == "claim_batch" and self.claim_commit == "async"
+                settings["synchronous_commit"] = "off" if async_claims else "on"
                 conn = await asyncpg.connect(
-                    self._dsn,
-                    server_settings={**connection_settings(self.namespace), **KEYED_BATCH_PLANS},
-                    timeout=10,
-                    command_timeout=60,
+                    self._dsn, server_settings=settings, timeout=10, command_timeout=60
                 )
                 await _init_connection(conn)
+                self._batch_servers[name] = await conn.fetchval(QUERIES["server_started"].text)
                 self._batch_conns[name] = conn
             rows: list[asyncpg.Record] = await conn.fetch(QUERIES[name].text, *args)
         except CONNECTION_ERRORS as exc:
@@ -359,7 +385,16 @@ class JobStore:
 
     async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
         rows = await self._batch_fetch("claim_batch", *self._claim_args(requests))
-        found = {row["id"]: _claim_result(row, row["claimed"], row["status"]) for row in rows}
+        mark = None
+        if self.claim_commit == "async":
+            self._claim_seq += 1
+            mark = CommitMark(self._batch_servers["claim_batch"], self._claim_seq)
+        found = {
+            row["id"]: _claim_result(
+                row, row["claimed"], row["status"], mark if row["claimed"] else None
+            )
+            for row in rows
+        }
         return [found.get(r.id) or _vanished(r.id) for r in requests]
 
     def _claim_args(self, requests: Sequence[ClaimRequest]) -> tuple[Any, ...]:
@@ -457,6 +492,7 @@ class JobStore:
         await self._run(op)
 
     async def _complete_batch(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        covers = self._claim_seq  # claim batches that committed before this statement is sent
         rows = await self._batch_fetch(
             "complete_batch",
             [o.id for o in outcomes],
@@ -471,15 +507,50 @@ class JobStore:
             [o.progress_message for o in outcomes],
         )
         written = {row["id"] for row in rows}
+        if written:  # a transaction that changed nothing writes no commit record: no flush
+            self._durable(self._batch_servers["complete_batch"], covers)
         return [o.id in written for o in outcomes]
+
+    def _durable(self, server: datetime, covers: int) -> None:
+        if self.on_durable is not None and covers > 0:
+            self.on_durable(server, covers)
+
+    async def durability_barrier(self) -> tuple[datetime, int]:
+        """Commit a tiny transaction synchronously; return ``(server, seq)`` it made durable.
+
+        Every asynchronous claim committed on ``server`` with ``mark.seq <= seq``
+        is on disk once this returns (``on_durable`` is not told: the caller
+        is). A claim made on another server start is not covered: it may be lost.
+        """
+        covers = self._claim_seq
+        rows = await self._batch_fetch("durability_barrier")
+        server: datetime = rows[0]["server_started"]
+        return server, covers
+
+    async def verify_claims(self, ids: Sequence[str]) -> dict[str, asyncpg.Record]:
+        """The rows of these jobs (those that exist), by id: did their claims survive a restart?"""
+        rows = await self._fetch("verify_claims", list(ids))
+        return {row["id"]: row for row in rows}
 
     lease_seconds: float = 30.0
     worker_id: str = "unknown"
+    claim_commit: str = "sync"
 
-    def configure_claims(self, *, lease_seconds: float, worker_id: str) -> None:
-        """Set the lease and owner that claims made through this store carry."""
+    def configure_claims(
+        self, *, lease_seconds: float, worker_id: str, commit: str = "sync"
+    ) -> None:
+        """Set the lease and owner that claims made through this store carry, and whether
+        their batches commit synchronously (``sync``) or not (``async``: see ``CommitMark``)."""
+        if commit not in ("sync", "async"):
+            raise ValueError(f"claim commit must be sync or async, not {commit!r}")
         self.lease_seconds = lease_seconds
         self.worker_id = worker_id
+        if commit != self.claim_commit:
+            self.claim_commit = commit
+            # the claim connection's synchronous_commit is set when it connects
+            conn = self._batch_conns.pop("claim_batch", None)
+            if conn is not None and not conn.is_closed():
+                conn.terminate()
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         return await self.claims.submit(request)
@@ -703,7 +774,9 @@ async def _notify_settings_changed(conn: asyncpg.Connection, channel: str) -> No
     await conn.execute(QUERIES["notify"].text, channel, TENANTS_CHANGED)
 
 
-def _claim_result(row: Any, claimed: bool, status: str) -> ClaimResult:
+def _claim_result(
+    row: Any, claimed: bool, status: str, mark: CommitMark | None = None
+) -> ClaimResult:
     return ClaimResult(
         id=row["id"],
         claimed=claimed,
@@ -713,6 +786,7 @@ def _claim_result(row: Any, claimed: bool, status: str) -> ClaimResult:
         timeout=row["timeout_seconds"],
         checkpoint=row["checkpoint"],
         started_at=row["started_at"],
+        mark=mark,
     )
 
 

@@ -174,7 +174,11 @@ class Worker:
             )
         )
         await store.check_schema()
-        store.configure_claims(lease_seconds=settings.lease_seconds, worker_id=settings.worker_id)
+        store.configure_claims(
+            lease_seconds=settings.lease_seconds,
+            worker_id=settings.worker_id,
+            commit=settings.claim_commit,
+        )
         broker = Broker(
             settings.amqp_url,
             self.topology,
@@ -195,6 +199,7 @@ class Worker:
         await stack.enter_async_context(server)
         self.metrics_port = server.port
         self._started = self._build_parts(store, broker, pool)
+        stack.push_async_callback(self._started.runner.close)  # before the broker closes
 
     async def _open_pool(self, stack: AsyncExitStack) -> ProcessPool | None:
         """The process pool, when the app has plain-function jobs."""
@@ -678,6 +683,8 @@ class Worker:
             task.cancel()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=5.0)
+        # deliveries of asynchronously committed claims: acked once durable, else requeued
+        await self._parts.runner.settle_claim_acks(timeout=10.0)
         if freed := self.caps.freed_at_drain():  # released jobs freed places: tell the fleet
             with contextlib.suppress(DatabaseUnavailable):
                 await self._parts.store.notify_caps_freed(freed)

@@ -76,6 +76,18 @@ FROM jobs AS j
 JOIN input AS i ON i.id = j.id
 WHERE j.id NOT IN (SELECT id FROM claimed);
 
+-- name: server_started
+-- When the PostgreSQL server started: a change means it restarted, and what it had not flushed to disk may be gone (no parameters)
+SELECT pg_postmaster_start_time() AS server_started;
+
+-- name: durability_barrier
+-- A tiny transaction that writes a commit record, so that its synchronous commit flushes the WAL past every asynchronous claim committed before it; returns the server's start time (no parameters)
+SELECT txid_current() AS xid, pg_postmaster_start_time() AS server_started;
+
+-- name: verify_claims
+-- After a PostgreSQL restart: the rows of claims that were not known durable, to tell those that survived from those lost ($1 ids)
+SELECT id, attempt, status::text AS status, worker_id FROM jobs WHERE id = ANY($1::text[]);
+
 -- name: complete_batch
 -- Write outcomes fenced by attempt, with progress not yet flushed, count finished jobs per lane and tenant for the drain rate, and NOTIFY "<schema>.caps" with each capped tenant and type that freed a place; returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons, $9 progress fractions, $10 progress messages)
 WITH written AS (
