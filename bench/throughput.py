@@ -602,7 +602,7 @@ def render(result: dict[str, Any]) -> str:
                 f"{statistics.median(f['hot_update_share'] for f in facts) * 100:.0f}% HOT"
             )
         poll = statistics.median(f["poll_ms_mean"] for f in facts)
-        lines.append(line + f"; the 50 ms count(*) poll took {poll:.1f} ms on average")
+        lines.append(line + f"; the 50 ms completion poll took {poll:.1f} ms on average")
         odd = [f for f in facts if f["attempt_gt_1"] or set(f["statuses"]) != {"succeeded"}]
         if odd:
             lines.append(f"WARNING: runs with retries or other statuses: {odd}")
