@@ -90,6 +90,7 @@ class Config:
     database_url: str
     workdir: Path
     profile_dir: Path | None = None
+    claim_commit: str | None = None  # COLDBREW_CLAIM_COMMIT of the worker (None: its default)
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
 
 
@@ -371,7 +372,7 @@ async def run_coldbrew(cfg: Config, index: int) -> Drain:
         conn = await asyncpg.connect(cfg.database_url)
         try:
             commits0 = await conn.fetchval(COMMITS_SQL)
-            async with worker_process(cfg, namespace, label) as worker:
+            async with worker_process(cfg, namespace, label, extra_env=claim_env(cfg)) as worker:
                 start = Snapshot.take(worker.pid)
                 polls, polling = await wait_succeeded(cfg, conn, namespace, worker.process, label)
                 end = Snapshot.take(worker.pid)
@@ -383,6 +384,10 @@ async def run_coldbrew(cfg: Config, index: int) -> Drain:
     return Drain.measured(
         "coldbrew", cfg.jobs, publish_seconds, start, end, peak_rss_kib=peak, extra=extra
     )
+
+
+def claim_env(cfg: Config) -> dict[str, str]:
+    return {"COLDBREW_CLAIM_COMMIT": cfg.claim_commit} if cfg.claim_commit else {}
 
 
 COMMITS_SQL = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
@@ -485,7 +490,8 @@ async def run(cfg: Config) -> dict[str, Any]:
     machine = await machine_info(cfg.amqp_url, cfg.database_url)
     progress(
         f"{cfg.jobs} jobs x {cfg.repeat} repeats, concurrency {cfg.concurrency}, "
-        f"prefetch {cfg.prefetch}; RabbitMQ {machine['rabbitmq']}, "
+        f"prefetch {cfg.prefetch}, claim commit {cfg.claim_commit or 'default'}; "
+        f"RabbitMQ {machine['rabbitmq']}, "
         f"PostgreSQL {machine['postgresql']}, {machine['nproc']} CPUs"
     )
     raw: list[Drain] = []
@@ -531,6 +537,7 @@ def summarize(
             "repeat": cfg.repeat,
             "concurrency": cfg.concurrency,
             "prefetch": cfg.prefetch,
+            "claim_commit": cfg.claim_commit or "default",
             "poll_seconds": POLL_SECONDS,
             "publish_window": PUBLISH_WINDOW,
         },
@@ -565,7 +572,8 @@ def render(result: dict[str, Any]) -> str:
     dirty = " + uncommitted src changes" if machine.get("src_modified") else ""
     lines = [
         f"coldbrew throughput: {cfg['jobs']:,} no-op jobs, {cfg['repeat']} repeats, "
-        f"concurrency {cfg['concurrency']}, prefetch {cfg['prefetch']}",
+        f"concurrency {cfg['concurrency']}, prefetch {cfg['prefetch']}, "
+        f"claim commit {cfg.get('claim_commit', 'default')}",
         f"coldbrew {machine.get('coldbrew_commit') or '?'}{dirty}; {machine['nproc']} x "
         f"{machine['cpu_model']}, {machine['ram_gib']} GiB; RabbitMQ {machine['rabbitmq']}, "
         f"PostgreSQL {machine['postgresql']}, Python {machine['python']}",
@@ -659,6 +667,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_DATABASE_URL,
         help=f"created if missing (default {DEFAULT_DATABASE_URL})",
     )
+    parser.add_argument(
+        "--claim-commit",
+        choices=("sync", "async"),
+        help="COLDBREW_CLAIM_COMMIT of the worker (default: the worker's own default)",
+    )
     parser.add_argument("--raw-consumer", metavar="QUEUE", help=argparse.SUPPRESS)
     parser.add_argument("--prefetch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -695,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
             database_url=args.database_url,
             workdir=workdir,
             profile_dir=args.profile,
+            claim_commit=args.claim_commit,
         )
 
     return run_main(config, run, render, json_output=args.json, workdir_prefix="cbbench-")
