@@ -690,7 +690,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    prefetch = Settings.model_construct(concurrency=args.concurrency, prefetch=0).effective_prefetch
+    claim_commit = {"claim_commit": args.claim_commit} if args.claim_commit else {}
+    prefetch = Settings.model_construct(
+        concurrency=args.concurrency, prefetch=0, **claim_commit
+    ).effective_prefetch
     if args.raw_consumer:
         import uvloop
 

@@ -181,11 +181,17 @@ def test_dotenv_in_the_working_directory_is_read(tmp_path: Path) -> None:
 
 
 def test_effective_prefetch_is_small_per_tenant_queue(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prefetch 0 means min(concurrency, 32) waiting deliveries per queue; a set value wins."""
+    """Prefetch 0 means min(concurrency, 32) waiting deliveries per queue, doubled with
+    asynchronous claims (deliveries stay unacked until the claim is durable); a set value wins."""
     monkeypatch.setenv("COLDBREW_CONCURRENCY", "5000")
+    monkeypatch.setenv("COLDBREW_CLAIM_COMMIT", "sync")
     assert load_settings().effective_prefetch == 32
     monkeypatch.setenv("COLDBREW_CONCURRENCY", "4")
     assert load_settings().effective_prefetch == 4
+    monkeypatch.setenv("COLDBREW_CLAIM_COMMIT", "async")
+    assert load_settings().effective_prefetch == 8
+    monkeypatch.setenv("COLDBREW_CONCURRENCY", "5000")
+    assert load_settings().effective_prefetch == 64
     monkeypatch.setenv("COLDBREW_PREFETCH", "3")
     assert load_settings().effective_prefetch == 3
 
