@@ -14,11 +14,7 @@ from coldbrew.client import Client
 from coldbrew.settings import Settings
 from coldbrew.topology import Topology
 from tests.conftest import DATABASE_URL, WorkerFactory, wait_until
-
-
-def metric(worker: Any, name: str, **labels: str) -> float:
-    value = worker.metrics.registry.get_sample_value(name, labels or None)
-    return 0.0 if value is None else value
+from tests.integration.test_worker import metric
 
 
 def unacked(queue: str) -> int:
@@ -41,19 +37,30 @@ async def status_is(client: Client, job_id: str, status: str) -> bool:
     return (await client.get(job_id)).status == status
 
 
+async def running_sleeper(client: Client, settings: Settings, seconds: float) -> tuple[str, Any]:
+    """Submit a ``sleep_for`` job on the default queue and wait until it runs: (queue, job)."""
+    queue = Topology(settings.namespace).job_queue("default", "default")
+    job = await client.submit("sleep_for", {"seconds": seconds})
+    await wait_until(lambda: status_is(client, job.id, "running"))
+    return queue, job
+
+
+async def all_acked(queue: str, timeout: float) -> None:
+    """Wait until the broker counts no unacked delivery on ``queue``."""
+    await wait_until(lambda: asyncio.to_thread(lambda: unacked(queue) == 0), timeout=timeout)
+
+
 async def test_a_long_job_is_acked_by_the_next_completion_not_before(
     start_worker: WorkerFactory, client: Client, settings: Settings
 ) -> None:
     """The first job runs at once, its delivery unacked; another job's completion (a
     synchronous commit sent after the first claim) makes the claim durable: then the ack."""
     worker = await start_worker(claim_commit="async", claim_barrier_seconds=60.0)
-    queue = Topology(settings.namespace).job_queue("default", "default")
-    long = await client.submit("sleep_for", {"seconds": 8})
-    await wait_until(lambda: status_is(client, long.id, "running"))
+    queue, long = await running_sleeper(client, settings, 8)
     assert await asyncio.to_thread(unacked, queue) == 1
     short = await client.submit("echo", {"value": 1})
     assert (await client.wait(short.id, timeout=20)).status == "succeeded"
-    await wait_until(lambda: asyncio.to_thread(lambda: unacked(queue) == 0), timeout=10)
+    await all_acked(queue, timeout=10)
     assert (await client.get(long.id)).status == "running"
     assert metric(worker, "coldbrew_claim_acks_total", how="covered") == 2
     assert metric(worker, "coldbrew_claim_acks_total", how="barrier") == 0
@@ -63,11 +70,9 @@ async def test_without_a_completion_a_barrier_acks_after_its_delay(
     start_worker: WorkerFactory, client: Client, settings: Settings
 ) -> None:
     worker = await start_worker(claim_commit="async", claim_barrier_seconds=2.0)
-    queue = Topology(settings.namespace).job_queue("default", "default")
-    job = await client.submit("sleep_for", {"seconds": 8})
-    await wait_until(lambda: status_is(client, job.id, "running"))
+    queue, job = await running_sleeper(client, settings, 8)
     assert await asyncio.to_thread(unacked, queue) == 1
-    await wait_until(lambda: asyncio.to_thread(lambda: unacked(queue) == 0), timeout=10)
+    await all_acked(queue, timeout=10)
     assert (await client.get(job.id)).status == "running"
     assert metric(worker, "coldbrew_claim_acks_total", how="barrier") == 1
 
@@ -76,10 +81,8 @@ async def test_sync_claims_are_acked_at_the_claim(
     start_worker: WorkerFactory, client: Client, settings: Settings
 ) -> None:
     worker = await start_worker(claim_commit="sync", claim_barrier_seconds=60.0)
-    queue = Topology(settings.namespace).job_queue("default", "default")
-    job = await client.submit("sleep_for", {"seconds": 6})
-    await wait_until(lambda: status_is(client, job.id, "running"))
-    await wait_until(lambda: asyncio.to_thread(lambda: unacked(queue) == 0), timeout=5)
+    queue, _ = await running_sleeper(client, settings, 6)
+    await all_acked(queue, timeout=5)
     assert worker._parts.runner.claim_acks is None
 
 
