@@ -8,6 +8,7 @@ language would be.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -300,6 +301,20 @@ async def http_status(port: int, path: str) -> int | None:
             await writer.wait_closed()
     parts = line.split()
     return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
+
+
+def add_claim_commit_argument(parser: argparse.ArgumentParser) -> None:
+    """``--claim-commit sync|async``: the coldbrew worker's ``COLDBREW_CLAIM_COMMIT``."""
+    parser.add_argument(
+        "--claim-commit",
+        choices=("sync", "async"),
+        help="COLDBREW_CLAIM_COMMIT of the coldbrew worker (its default when not given)",
+    )
+
+
+def claim_commit_env(claim_commit: str | None) -> dict[str, str]:
+    """The worker's environment for ``--claim-commit`` (nothing: its own default)."""
+    return {"COLDBREW_CLAIM_COMMIT": claim_commit} if claim_commit else {}
 
 
 def worker_env(cfg: Config, namespace: str, port: int) -> dict[str, str]:

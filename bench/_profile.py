@@ -83,8 +83,13 @@ def render_profile(profile: dict[str, Any], what: str, top: int = 15) -> list[st
     lines = [
         f"py-spy of {what} ({profile['samples']:,} busy samples at {profile['rate_hz']} Hz; "
         f"{profile['folded']}):",
-        "  what the loop was running (first frame under it), %:",
     ]
+    if profile.get("package_self_percent"):
+        lines.append(
+            "  self % by package: "
+            + ", ".join(f"{name} {pct:.0f}" for name, pct in profile["package_self_percent"][:10])
+        )
+    lines.append("  what the loop was running (first frame under it), %:")
     lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["entry_percent"][:top]]
     lines.append("  top functions by inclusive %:")
     lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["inclusive_percent"][:top]]

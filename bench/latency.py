@@ -50,7 +50,9 @@ from bench._common import (
     SERVICE_ERRORS,
     BenchError,
     Spread,
+    add_claim_commit_argument,
     child_env,
+    claim_commit_env,
     delete_broker_entities,
     machine_info,
     progress,
@@ -435,8 +437,7 @@ async def run_coldbrew(cfg: LatencyConfig, index: int) -> dict[str, Any]:
                 "bench.latency_app:app",
                 1,
                 label,
-                {"CBBENCH_UDP": udp}
-                | ({"COLDBREW_CLAIM_COMMIT": cfg.claim_commit} if cfg.claim_commit else {}),
+                {"CBBENCH_UDP": udp} | claim_commit_env(cfg.claim_commit),
                 wait_ready=True,
             ) as (processes, logs_),
         ):
@@ -651,11 +652,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--concurrency", type=int, default=100, help="COLDBREW_CONCURRENCY (100)")
     parser.add_argument("--threads", type=int, default=8, help="Dramatiq worker threads (8)")
-    parser.add_argument(
-        "--claim-commit",
-        choices=("sync", "async"),
-        help="COLDBREW_CLAIM_COMMIT of the coldbrew worker (its default when not given)",
-    )
+    add_claim_commit_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--amqp-url", default=DEFAULT_AMQP_URL)
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)

@@ -47,7 +47,9 @@ from bench._common import (
     BenchError,
     MachineCPU,
     Spread,
+    add_claim_commit_argument,
     child_env,
+    claim_commit_env,
     cpu_by_command,
     cpu_delta,
     cpu_seconds,
@@ -62,7 +64,7 @@ from bench._common import (
     worker_env,
     worker_process,
 )
-from bench._profile import start_profile, stop_profile
+from bench._profile import render_profile, start_profile, stop_profile
 
 from coldbrew import logs
 from coldbrew.broker import Broker
@@ -372,7 +374,8 @@ async def run_coldbrew(cfg: Config, index: int) -> Drain:
         conn = await asyncpg.connect(cfg.database_url)
         try:
             commits0 = await conn.fetchval(COMMITS_SQL)
-            async with worker_process(cfg, namespace, label, extra_env=claim_env(cfg)) as worker:
+            claim_env = claim_commit_env(cfg.claim_commit)
+            async with worker_process(cfg, namespace, label, extra_env=claim_env) as worker:
                 start = Snapshot.take(worker.pid)
                 polls, polling = await wait_succeeded(cfg, conn, namespace, worker.process, label)
                 end = Snapshot.take(worker.pid)
@@ -384,10 +387,6 @@ async def run_coldbrew(cfg: Config, index: int) -> Drain:
     return Drain.measured(
         "coldbrew", cfg.jobs, publish_seconds, start, end, peak_rss_kib=peak, extra=extra
     )
-
-
-def claim_env(cfg: Config) -> dict[str, str]:
-    return {"COLDBREW_CLAIM_COMMIT": cfg.claim_commit} if cfg.claim_commit else {}
 
 
 COMMITS_SQL = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
@@ -615,25 +614,12 @@ def render(result: dict[str, Any]) -> str:
         if odd:
             lines.append(f"WARNING: runs with retries or other statuses: {odd}")
     if "profile" in result:
-        lines.extend(render_profile(result["profile"]))
+        profile = result["profile"]
+        lines.append("")
+        lines.extend(
+            render_profile(profile, f"one more drain ({profile['rate']:,.0f} jobs/s while sampled)")
+        )
     return "\n".join(lines)
-
-
-def render_profile(profile: dict[str, Any], top: int = 15) -> list[str]:
-    lines = [
-        "",
-        f"py-spy profile of one more drain ({profile['rate']:,.0f} jobs/s while sampled, "
-        f"{profile['samples']:,} samples, idle frames excluded; {profile['folded']}):",
-        "  self % by package: "
-        + ", ".join(f"{name} {pct:.0f}" for name, pct in profile["package_self_percent"][:10]),
-        "  top functions by self %:",
-    ]
-    lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["self_percent"][:top]]
-    lines.append("  what the loop was running (first frame under it), %:")
-    lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["entry_percent"][:top]]
-    lines.append("  top functions by inclusive %:")
-    lines += [f"    {pct:5.1f}  {name}" for name, pct in profile["inclusive_percent"][:top]]
-    return lines
 
 
 # --- command line -----------------------------------------------------------------------------
@@ -667,11 +653,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_DATABASE_URL,
         help=f"created if missing (default {DEFAULT_DATABASE_URL})",
     )
-    parser.add_argument(
-        "--claim-commit",
-        choices=("sync", "async"),
-        help="COLDBREW_CLAIM_COMMIT of the worker (default: the worker's own default)",
-    )
+    add_claim_commit_argument(parser)
     parser.add_argument("--raw-consumer", metavar="QUEUE", help=argparse.SUPPRESS)
     parser.add_argument("--prefetch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
