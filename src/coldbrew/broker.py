@@ -12,8 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -22,13 +21,13 @@ import aio_pika
 import aiormq
 import structlog
 from aio_pika.abc import (
-    AbstractIncomingMessage,
     AbstractRobustChannel,
     AbstractRobustConnection,
     AbstractRobustExchange,
     AbstractRobustQueue,
 )
 
+from coldbrew.deliveries import Inbound, InboundConnection, InboundHandler, OnDelivery, settle
 from coldbrew.errors import BrokerUnavailable
 from coldbrew.model import routing_key
 from coldbrew.settings import mask_url
@@ -45,15 +44,13 @@ PUBLISH_ERRORS: tuple[type[BaseException], ...] = (
     RuntimeError,  # aiormq raises it for a writer that went away mid-publish
 )
 
-Consumer = Callable[[AbstractIncomingMessage], Awaitable[None]]
-
 
 @dataclass(frozen=True, slots=True)
 class Sweep:
     """What ``Broker.sweep_queue`` took: the queue's ready count, then the messages."""
 
     ready: int
-    messages: list[AbstractIncomingMessage]
+    messages: list[Inbound]
 
     @property
     def drained(self) -> bool:
@@ -92,193 +89,6 @@ class JobMessage:
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
-
-
-SETTLE_ERRORS: tuple[type[BaseException], ...] = (
-    aio_pika.exceptions.ChannelInvalidStateError,
-    aiormq.exceptions.AMQPError,
-    ConnectionError,
-    RuntimeError,
-)
-
-
-class _ChannelAcks:
-    """Acks of one consuming channel, sent as few ``basic.ack(multiple=True)`` as possible.
-
-    Every delivery on the channel is tracked from arrival until settled.
-    Acks requested while the previous batch was being written go together:
-    one ``multiple=True`` ack up to the highest tag below which every
-    outstanding delivery is being acked, and single acks for the rest (those
-    above a delivery still held, e.g. waiting in the scheduler). Batches are
-    written one at a time: a later ``multiple=True`` must never reach the
-    broker before an earlier single ack of a tag it covers (RabbitMQ closes
-    the channel on an unknown delivery tag). Tags rise in delivery order on a
-    channel, so the outstanding ones are kept in an insertion-ordered dict
-    and the prefix check is amortized O(1).
-    """
-
-    def __init__(self, channel: Any) -> None:
-        self.channel = channel
-        self.outstanding: dict[int, bool] = {}  # tag -> ack requested
-        self._waiters: list[asyncio.Future[None]] = []
-        self._requested = 0  # acks asked for since the last batch was planned
-        self._flushing = False
-
-    def delivered(self, tag: int) -> None:
-        self.outstanding[tag] = False
-
-    def forget(self, tag: int) -> bool:
-        """Stop tracking a tag settled another way; False if it was settled already."""
-        return self.outstanding.pop(tag, None) is not None
-
-    def ack(self, tag: int) -> asyncio.Future[None]:
-        """Request an ack; the future resolves once its batch was written."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self.request(tag):
-            self._waiters.append(future)
-        else:
-            future.set_result(None)
-        return future
-
-    def request(self, tag: int) -> bool:
-        """Request an ack nobody waits for (a failed batch is logged); False if already settled.
-
-        The claim path acks every job this way, so it costs no future per job.
-        """
-        if self.outstanding.get(tag) is not False:
-            return False  # settled or requested already: never ack a tag twice
-        self.outstanding[tag] = True
-        self._requested += 1
-        if not self._flushing:
-            self._flushing = True
-            _keep(asyncio.create_task(self._flush_all(), name="ack-batch"))
-        return True
-
-    def plan(self) -> tuple[int | None, list[int]]:
-        """(tag for one multiple=True ack or None, tags to ack singly); untracks them all."""
-        prefix_end: int | None = None
-        for tag, requested in self.outstanding.items():
-            if not requested:
-                break
-            prefix_end = tag
-        if prefix_end is not None:
-            for tag in list(self.outstanding):
-                del self.outstanding[tag]
-                if tag == prefix_end:
-                    break
-        singles = [tag for tag, requested in self.outstanding.items() if requested]
-        for tag in singles:
-            del self.outstanding[tag]
-        return prefix_end, singles
-
-    async def _flush_all(self) -> None:
-        try:
-            while self._requested:
-                await asyncio.sleep(0)  # let this loop turn's other acks join the batch
-                waiters, self._waiters = self._waiters, []
-                self._requested = 0
-                await self._flush(waiters)
-        finally:
-            self._flushing = False
-
-    async def _flush(self, waiters: list[asyncio.Future[None]]) -> None:
-        prefix_end, singles = self.plan()
-        try:
-            if prefix_end is not None:
-                await self.channel.basic_ack(prefix_end, multiple=True)
-            for tag in singles:
-                await self.channel.basic_ack(tag)
-        except SETTLE_ERRORS as exc:
-            log.info(
-                "acks_not_sent",
-                reason="channel closed; the broker requeued these deliveries",
-                multiple_up_to=prefix_end,
-                singles=len(singles),
-                error=str(exc),
-            )
-            for future in waiters:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        except BaseException:  # cancelled at shutdown: the waiters must not hang
-            for future in waiters:
-                if not future.done():
-                    future.cancel()
-            raise
-        for future in waiters:
-            if not future.done():
-                future.set_result(None)
-
-
-_ACK_TASKS: set[asyncio.Task[Any]] = set()
-
-
-def _keep(task: asyncio.Task[Any]) -> None:
-    """Hold a fire-and-forget settle task until it ends; an unexpected error is logged."""
-    _ACK_TASKS.add(task)
-    task.add_done_callback(_settle_task_done)
-
-
-def _settle_task_done(task: asyncio.Task[Any]) -> None:
-    _ACK_TASKS.discard(task)
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("settle_task_failed", task=task.get_name(), error=repr(exc), exc_info=exc)
-
-
-_CHANNEL_ACKS: weakref.WeakKeyDictionary[Any, _ChannelAcks] = weakref.WeakKeyDictionary()
-
-
-def track_delivery(message: AbstractIncomingMessage) -> None:
-    """Register a delivery so that its ack can join a batch (``Broker.consume`` does it)."""
-    channel = message.channel
-    acks = _CHANNEL_ACKS.get(channel)
-    if acks is None:
-        acks = _CHANNEL_ACKS[channel] = _ChannelAcks(channel)
-    if message.delivery_tag is not None:
-        acks.delivered(message.delivery_tag)
-
-
-def ack_soon(message: AbstractIncomingMessage) -> None:
-    """Request an ack without waiting for it (the claim path: the job need not wait).
-
-    A failure is logged; it means the channel closed and RabbitMQ requeued
-    the delivery, whose redelivery is then a duplicate of a claimed job.
-    """
-    acks = _CHANNEL_ACKS.get(message.channel)
-    tag = message.delivery_tag
-    if acks is None or tag is None:
-        settle_soon(message)
-        return
-    acks.request(tag)
-
-
-def settle_soon(message: AbstractIncomingMessage, *, requeue: bool | None = None) -> None:
-    """``settle`` from a plain function: a tracked task (``settle`` logs, never raises)."""
-    _keep(asyncio.create_task(settle(message, requeue=requeue), name="settle"))
-
-
-async def settle(message: AbstractIncomingMessage, *, requeue: bool | None = None) -> bool:
-    """Ack (``requeue`` None) or nack; a dead channel means the broker already requeued it.
-
-    Acks of tracked deliveries are batched (see ``_ChannelAcks``) and this
-    returns once the batch was written; settling a delivery twice is a no-op.
-    """
-    try:
-        acks = _CHANNEL_ACKS.get(message.channel)  # raises once the channel is gone
-        tag = message.delivery_tag
-        if acks is None or tag is None:
-            if requeue is None:
-                await message.ack()
-            else:
-                await message.nack(requeue=requeue)
-        elif requeue is None:
-            await acks.ack(tag)
-        elif acks.forget(tag):
-            await message.nack(requeue=requeue)
-    except SETTLE_ERRORS as exc:
-        log.info("settle_skipped", reason="channel closed; broker requeued it", error=str(exc))
-        return False
-    return True
 
 
 class _DropAll(logging.Filter):
@@ -341,6 +151,7 @@ class Broker:
                 with_heartbeat(self.url, self._heartbeat),
                 reconnect_interval=self._reconnect_interval,
                 client_properties={"connection_name": self._name},
+                connection_class=InboundConnection,
             )
         except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
             raise BrokerUnavailable(
@@ -461,7 +272,7 @@ class Broker:
 
         return list(await asyncio.gather(*(one(job) for job in jobs)))
 
-    async def republish(self, message: AbstractIncomingMessage) -> None:
+    async def republish(self, message: Inbound) -> None:
         """Publish a delivery again to the jobs exchange, unchanged (after provisioning)."""
         copy = aio_pika.Message(
             message.body,
@@ -527,9 +338,9 @@ class Broker:
     # --- consuming ---------------------------------------------------------------
 
     async def consume(
-        self, queue_name: str, arguments: Mapping[str, Any], callback: Consumer
+        self, queue_name: str, arguments: Mapping[str, Any], on_delivery: OnDelivery
     ) -> None:
-        """Start consuming ``queue_name``; every delivery is tracked for batched acks.
+        """Start consuming ``queue_name``: each delivery reaches ``on_delivery`` as an ``Inbound``.
 
         The queue is declared (idempotently, same arguments) on the consuming
         channel so that aio-pika restores it and its consumer after a reconnect.
@@ -539,11 +350,7 @@ class Broker:
         channel = await self._next_consume_channel()
         queue = await channel.declare_queue(queue_name, durable=True, arguments=dict(arguments))
 
-        async def tracked(message: AbstractIncomingMessage) -> None:
-            track_delivery(message)
-            await callback(message)
-
-        tag = await queue.consume(tracked, no_ack=False)
+        tag = await queue.consume(InboundHandler(on_delivery).incoming, no_ack=False)
         self._consumers[queue_name] = (queue, tag)
 
     @property
@@ -581,14 +388,13 @@ class Broker:
         want = min(ready, limit)
         await channel.set_qos(prefetch_count=want)
         loop = asyncio.get_running_loop()
-        taken: list[AbstractIncomingMessage] = []
+        taken: list[Inbound] = []
         collecting = True
         last = loop.time()
         enough = asyncio.Event()
 
-        async def take(message: AbstractIncomingMessage) -> None:
+        async def take(message: Inbound) -> None:
             nonlocal last
-            track_delivery(message)
             if not collecting:
                 await settle(message, requeue=True)
                 return
@@ -597,7 +403,7 @@ class Broker:
             if len(taken) >= want:
                 enough.set()
 
-        tag = await queue.consume(take, no_ack=False, robust=False)
+        tag = await queue.consume(InboundHandler(take).incoming, no_ack=False, robust=False)
         try:
             deadline = loop.time() + max_seconds
             while not enough.is_set() and loop.time() < deadline:
@@ -624,7 +430,7 @@ class Broker:
         return channel
 
     @staticmethod
-    async def requeue(messages: Sequence[AbstractIncomingMessage]) -> None:
+    async def requeue(messages: Sequence[Inbound]) -> None:
         """Hand deliveries back to the broker, each at the head of its priority."""
         for message in messages:
             await settle(message, requeue=True)

@@ -34,9 +34,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 import structlog
-from aio_pika.abc import AbstractIncomingMessage
 
-from coldbrew.broker import ack_soon, settle, settle_soon
+from coldbrew.deliveries import Inbound, ack_soon, settle, settle_soon
 from coldbrew.errors import DatabaseUnavailable
 from coldbrew.jobstate import JobState
 from coldbrew.metrics import Metrics
@@ -60,7 +59,7 @@ class HeldAck:
     job_id: str
     attempt: int
     mark: CommitMark
-    message: AbstractIncomingMessage
+    message: Inbound
     state: JobState | None = None
     since: float = field(default=0.0)
 

@@ -6,9 +6,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage
-
 from coldbrew.app import JobSpec
+from coldbrew.deliveries import Inbound
 from coldbrew.model import Envelope
 
 
@@ -16,7 +15,7 @@ from coldbrew.model import Envelope
 class Delivery:
     """A delivery that passed the contract checks, waiting for a job slot."""
 
-    message: AbstractIncomingMessage
+    message: Inbound
     envelope: Envelope
     spec: JobSpec
     args: dict[str, Any]

@@ -31,9 +31,10 @@ import structlog
 
 from coldbrew import retry
 from coldbrew.breaker import Breakers
-from coldbrew.broker import Broker, ack_soon, settle
+from coldbrew.broker import Broker
 from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.context import Context
+from coldbrew.deliveries import ack_soon, settle
 from coldbrew.errors import (
     BrokerUnavailable,
     DatabaseUnavailable,

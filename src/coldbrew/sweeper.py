@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable
 
 import structlog
-from aio_pika.abc import AbstractIncomingMessage
 
 from coldbrew.aging import QueueKey, StarvationWatch
 from coldbrew.broker import PUBLISH_ERRORS, Broker
+from coldbrew.deliveries import Inbound
 from coldbrew.errors import BrokerUnavailable
 from coldbrew.metrics import Metrics
 from coldbrew.topology import Topology
@@ -19,7 +19,7 @@ log = structlog.get_logger("coldbrew.sweeper")
 
 RETURNED_MEMORY = 10_000
 
-Accept = Callable[[AbstractIncomingMessage, float], None]
+Accept = Callable[[Inbound, float], None]
 
 
 class QueueSweeper:
@@ -62,7 +62,7 @@ class QueueSweeper:
         del self._returned[message_id]
         return True
 
-    def _remember_returned(self, messages: list[AbstractIncomingMessage]) -> None:
+    def _remember_returned(self, messages: list[Inbound]) -> None:
         for message in messages:
             if message.message_id is not None:
                 self._returned[message.message_id] = None

@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
-from aio_pika.abc import AbstractIncomingMessage
 
 from coldbrew.aio import sleep_unless
-from coldbrew.broker import Broker, settle
+from coldbrew.broker import Broker
+from coldbrew.deliveries import Inbound, settle
 from coldbrew.errors import BrokerUnavailable, ContractViolation, DatabaseUnavailable
 from coldbrew.metrics import Metrics
 from coldbrew.model import split_routing_key
@@ -33,7 +33,7 @@ log = structlog.get_logger("coldbrew.tenants")
 
 OnQueue = Callable[[str, str], Awaitable[None]]
 OnSettings = Callable[[list[TenantSettings], list[JobTypeSettings]], None]
-OnReject = Callable[[AbstractIncomingMessage, ContractViolation], None]
+OnReject = Callable[[Inbound, ContractViolation], None]
 OnCapFreed = Callable[[str, int], None]
 """Told each ``<ns>.caps`` payload with the PID of the server process that sent it."""
 
@@ -73,7 +73,7 @@ class TenantQueues:
             log.info("tenant_queue_provisioned", queue=queue, tenant=tenant)
         await self._on_queue(queue, tenant)
 
-    async def on_unrouted(self, message: AbstractIncomingMessage) -> None:
+    async def on_unrouted(self, message: Inbound) -> None:
         """Consumer of ``<ns>.unrouted``: provision the queue, then republish the message."""
         try:
             queue, tenant = split_routing_key(message.routing_key or "")

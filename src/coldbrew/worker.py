@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from aio_pika.abc import AbstractIncomingMessage
 from prometheus_client import CollectorRegistry
 
 from coldbrew.aging import StarvationWatch
 from coldbrew.aio import sleep_unless
 from coldbrew.app import App
 from coldbrew.breaker import Breakers
-from coldbrew.broker import Broker, settle, settle_soon
+from coldbrew.broker import Broker
 from coldbrew.caps import CapGate, Scope
+from coldbrew.deliveries import Inbound, settle, settle_soon
 from coldbrew.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -62,7 +62,7 @@ class _Parts:
     stats: StatsSnapshot
 
 
-Reject = tuple[AbstractIncomingMessage, ContractViolation]
+Reject = tuple[Inbound, ContractViolation]
 
 
 class Worker:
@@ -350,21 +350,21 @@ class Worker:
 
     # --- intake and dispatch -------------------------------------------------------
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_message(self, message: Inbound) -> None:
         """Consumer callback: check the contract, then hold the delivery for a job slot."""
         if self._closing:
             await settle(message, requeue=True)
             return
         self._hold(message, time.monotonic(), observe=True)
 
-    def _accept_swept(self, message: AbstractIncomingMessage, arrived: float) -> None:
+    def _accept_swept(self, message: Inbound, arrived: float) -> None:
         """An aging sweep kept ``message``: it waits as if it had arrived at ``arrived``."""
         if self._closing:
             settle_soon(message, requeue=True)
             return
         self._hold(message, arrived, observe=False)
 
-    def _hold(self, message: AbstractIncomingMessage, arrived: float, *, observe: bool) -> None:
+    def _hold(self, message: Inbound, arrived: float, *, observe: bool) -> None:
         try:
             delivery = self._parse(message)
         except ContractViolation as violation:
@@ -402,7 +402,7 @@ class Worker:
             and not self.caps.scopes(pending)
         )
 
-    def _parse(self, message: AbstractIncomingMessage) -> Delivery:
+    def _parse(self, message: Inbound) -> Delivery:
         envelope = parse_envelope(
             message.body,
             routing_key=message.routing_key or "",
@@ -506,7 +506,7 @@ class Worker:
 
     # --- dead letters for contract violations -----------------------------------
 
-    def _reject(self, message: AbstractIncomingMessage, violation: ContractViolation) -> None:
+    def _reject(self, message: Inbound, violation: ContractViolation) -> None:
         self._rejects.put_nowait((message, violation))
 
     async def _reject_loop(self) -> None:

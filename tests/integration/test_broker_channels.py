@@ -15,6 +15,7 @@ import aio_pika
 import pytest
 
 from coldbrew.broker import Broker
+from coldbrew.deliveries import Inbound, settle
 from coldbrew.model import routing_key
 from coldbrew.topology import Topology
 from tests.conftest import AMQP_URL, drop_broker_entities
@@ -30,9 +31,9 @@ async def deliveries_by_tenant(namespace: str, consume_channels: int) -> dict[st
     seen: dict[str, Any] = {}
     got_all = asyncio.Event()
 
-    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        seen[message.routing_key.partition(".")[2]] = message.channel  # type: ignore[union-attr]
-        await message.ack()
+    async def on_message(message: Inbound) -> None:
+        seen[message.routing_key.partition(".")[2]] = message.channel
+        assert await settle(message)
         if len(seen) == len(TENANTS):
             got_all.set()
 

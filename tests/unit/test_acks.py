@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from coldbrew.broker import _ChannelAcks
+from coldbrew.deliveries import ChannelAcks
 
 
 class RecordingChannel:
@@ -17,9 +17,9 @@ class RecordingChannel:
         self.frames.append((delivery_tag, multiple))
 
 
-def acks_for(delivered: range) -> tuple[_ChannelAcks, RecordingChannel]:
+def acks_for(delivered: range) -> tuple[ChannelAcks, RecordingChannel]:
     channel = RecordingChannel()
-    acks = _ChannelAcks(channel)
+    acks = ChannelAcks(channel)
     for tag in delivered:
         acks.delivered(tag)
     return acks, channel
@@ -63,7 +63,7 @@ async def test_a_failed_write_reaches_every_waiter() -> None:
         async def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
             raise ConnectionError("channel closed")
 
-    acks = _ChannelAcks(Closed())
+    acks = ChannelAcks(Closed())
     acks.delivered(1)
     acks.delivered(2)
     results = await asyncio.gather(acks.ack(1), acks.ack(2), return_exceptions=True)
@@ -79,7 +79,7 @@ async def test_batches_are_written_one_after_another() -> None:
             self.frames.append((delivery_tag, multiple))
 
     channel = SlowChannel()
-    acks = _ChannelAcks(channel)
+    acks = ChannelAcks(channel)
     for tag in range(1, 5):
         acks.delivered(tag)
     first = [acks.ack(1), acks.ack(3)]
