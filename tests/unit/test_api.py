@@ -10,6 +10,7 @@ from coldbrew.api.auth import KeyRing, Principal
 from coldbrew.api.etag import etag_of, if_none_match
 from coldbrew.api.server import key_ring
 from coldbrew.api.watch import Backoff
+from coldbrew.api.webhooks import sign, verify
 from coldbrew.errors import ConfigurationError
 from coldbrew.settings import load_settings, parse_api_keys
 
@@ -120,3 +121,22 @@ def test_backoff_doubles_to_its_cap_and_resets() -> None:
     assert [backoff.next() for _ in range(5)] == [0.05, 0.1, 0.2, 0.3, 0.3]
     backoff.reset()
     assert backoff.next() == 0.05
+
+
+# --- webhook signatures -------------------------------------------------------------
+
+SECRET = "webhook-secret-0123456789"
+
+
+def test_webhook_signature_verifies_and_tampering_fails() -> None:
+    """A signature verifies for its body and time; another body, secret or time fails."""
+    body = b'{"event":"job.finished"}'
+    header = sign(SECRET, 1_700_000_000, body)
+    assert header.startswith("t=1700000000,v1=")
+    assert verify(SECRET, header, body, now=1_700_000_010)
+    assert not verify(SECRET, header, body + b" ", now=1_700_000_010)
+    assert not verify("another-secret-0123456789", header, body, now=1_700_000_010)
+    assert not verify(SECRET, header, body, now=1_700_000_000 + 301)  # a replay, too late
+    forged = header.replace("t=1700000000", "t=1700000300")
+    assert not verify(SECRET, forged, body, now=1_700_000_300)
+    assert not verify(SECRET, "garbage", body, now=1_700_000_000)

@@ -19,6 +19,7 @@ import uvicorn
 
 from coldbrew.api.app import ApiConfig, create_app
 from coldbrew.api.auth import KeyRing
+from coldbrew.api.webhooks import WebhookDispatcher
 from coldbrew.app import App
 from coldbrew.client import Client
 from coldbrew.errors import ColdbrewError, ConfigurationError
@@ -70,14 +71,39 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(
+def webhooks(settings: Settings) -> WebhookDispatcher | None:
+    if not settings.webhook_url:
+        return None
+    return WebhookDispatcher(
+        settings.webhook_url,
+        settings.webhook_secret,
+        max_attempts=settings.webhook_max_attempts,
+        timeout=settings.webhook_timeout_seconds,
+    )
+
+
+async def serve(settings: Settings, *, app: App | None = None) -> None:
+    """Run the API (and webhook delivery, if configured) until SIGTERM/SIGINT."""
+    dispatcher = webhooks(settings)
+    if dispatcher is None:
+        await run_server(settings, app=app)
+    else:
+        await run_server(
+            settings,
+            app=app,
+            on_submitted=dispatcher.track,
+            background={"webhooks": dispatcher.run},
+        )
+
+
+async def run_server(
     settings: Settings,
     *,
     app: App | None = None,
     on_submitted: Callable[[JobRecord], None] | None = None,
     background: dict[str, Background] | None = None,
 ) -> None:
-    """Run the API until SIGTERM/SIGINT; a crashed background task stops it (exit 1)."""
+    """Serve until SIGTERM/SIGINT; a crashed background task stops it (exit 1)."""
     keys = key_ring(settings)
     sock = listen(settings.api_host, settings.api_port)
     async with Client.connect(settings, app=app) as client:
