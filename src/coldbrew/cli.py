@@ -124,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-running", metavar="N|none", required=True, help="the cap (none: no cap)"
     )
 
+    api = sub.add_parser("api", help="the HTTP API (COLDBREW_API_HOST:COLDBREW_API_PORT)")
+    api.add_argument("--host", help="overrides COLDBREW_API_HOST")
+    api.add_argument("--port", type=int, help="overrides COLDBREW_API_PORT")
+    api.add_argument(
+        "--app", metavar="MODULE:APP", help="reject unknown job types and bad args with 422"
+    )
+
     demo = sub.add_parser("demo", help="a self-contained tour on the local broker and database")
     demo.add_argument("--keep", action="store_true", help="keep the demo's schema and queues")
     return parser
@@ -159,6 +166,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": getattr(args, "concurrency", None),
         "processes": getattr(args, "processes", None),
         "queues": getattr(args, "queues", None),
+        "api_host": getattr(args, "host", None),
+        "api_port": getattr(args, "port", None),
     }
     return {key: value for key, value in found.items() if value is not None}
 
@@ -448,6 +457,14 @@ async def cmd_types(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+async def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.api.server import serve
+    from coldbrew.app import load_app
+
+    await serve(settings, app=load_app(args.app) if args.app else None)
+    return EXIT_OK
+
+
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.demo import run_demo
 
@@ -466,6 +483,7 @@ HANDLERS: dict[str, Handler] = {
     "dlq": cmd_dlq,
     "tenants": cmd_tenants,
     "types": cmd_types,
+    "api": cmd_api,
     "demo": cmd_demo,
 }
 

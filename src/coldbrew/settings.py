@@ -32,6 +32,31 @@ NAMESPACE_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
 
 
 _SECRET_PARAMS = frozenset({"password", "sslpassword"})
+# fields whose value must never be echoed in an error message
+_SECRET_FIELDS = frozenset({"api_keys", "webhook_secret"})
+MIN_SECRET_LENGTH = 16
+
+
+def parse_api_keys(text: str) -> dict[str, str]:
+    """``key:tenant,key:tenant`` → ``{key: tenant}``; errors never quote a key.
+
+    A tenant may hold several keys (rotation); a key maps to exactly one tenant.
+    """
+    keys: dict[str, str] = {}
+    for position, entry in enumerate(filter(None, (e.strip() for e in text.split(","))), 1):
+        key, colon, tenant = entry.rpartition(":")
+        if not colon or not key:
+            raise ValueError(f"entry {position} is not key:tenant")
+        if len(key) < MIN_SECRET_LENGTH:
+            raise ValueError(
+                f"the key of entry {position} is shorter than {MIN_SECRET_LENGTH} characters"
+            )
+        if not re.fullmatch(NAME_PATTERN, tenant):
+            raise ValueError(f"tenant {tenant!r} of entry {position} must match {NAME_PATTERN}")
+        if key in keys:
+            raise ValueError(f"the key of entry {position} is listed twice")
+        keys[key] = tenant
+    return keys
 
 
 def mask_url(url: str) -> str:
@@ -123,6 +148,16 @@ class Settings(BaseSettings):
     db_pool_size: Annotated[int, Field(ge=2, le=200)] = 10
     metrics_host: str = "0.0.0.0"  # noqa: S104 - a container's metrics must be reachable
     metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9464
+    api_host: str = "127.0.0.1"
+    api_port: Annotated[int, Field(ge=0, le=65_535)] = 8080
+    api_keys: str = Field(default="", repr=False)
+    api_insecure_no_auth: bool = False
+    api_max_wait_seconds: Annotated[float, Field(gt=0, le=600)] = 60.0
+    webhook_url: str = ""
+    webhook_secret: str = Field(default="", repr=False)
+    webhook_max_attempts: Annotated[int, Field(ge=1, le=100)] = 8
+    webhook_timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
+
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
@@ -168,6 +203,28 @@ class Settings(BaseSettings):
             raise ValueError("must start with postgresql://")
         return value
 
+    @field_validator("api_keys")
+    @classmethod
+    def _check_api_keys(cls, value: str) -> str:
+        parse_api_keys(value)
+        return value
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _check_webhook_url(cls, value: str) -> str:
+        if value and urlsplit(value).scheme not in ("http", "https"):
+            raise ValueError("must start with http:// or https://")
+        return value
+
+    @model_validator(mode="after")
+    def _check_webhook_secret(self) -> Settings:
+        if self.webhook_url and len(self.webhook_secret) < MIN_SECRET_LENGTH:
+            raise ValueError(
+                f"COLDBREW_WEBHOOK_SECRET must be at least {MIN_SECRET_LENGTH} characters "
+                "when COLDBREW_WEBHOOK_URL is set (webhooks are always signed)"
+            )
+        return self
+
     @model_validator(mode="after")
     def _check_timing(self) -> Settings:
         if self.heartbeat_seconds >= self.lease_seconds / 2:
@@ -199,6 +256,11 @@ class Settings(BaseSettings):
         waiting = min(self.concurrency, 32)
         return 2 * waiting if self.claim_commit == "async" else waiting
 
+    @property
+    def api_key_map(self) -> dict[str, str]:
+        """``COLDBREW_API_KEYS`` parsed: API key → tenant."""
+        return parse_api_keys(self.api_keys)
+
     def safe_amqp_url(self) -> str:
         return mask_url(self.amqp_url)
 
@@ -221,7 +283,9 @@ def _describe(exc: ValidationError) -> str:
         if loc:
             name = f"{ENV_PREFIX}{loc[0].upper()}"
             given = error.get("input")
-            if isinstance(given, str):
+            if loc[0] in _SECRET_FIELDS:
+                given = {}  # never echo a secret
+            elif isinstance(given, str):
                 given = mask_url(given)
             shown = "" if isinstance(given, dict) else f" (got {given!r})"
             problems.append(f"{name}: {error['msg']}{shown}")

@@ -377,6 +377,12 @@ class JobStore:
             raise JobNotFound(job_id)
         return JobRecord.from_row(row)
 
+    async def get_finished_jobs(self, ids: Sequence[str]) -> list[JobRecord]:
+        """Which of ``ids`` are terminal: one primary-key lookup per id, in one statement."""
+        return [
+            JobRecord.from_row(row) for row in await self._fetch("get_finished_jobs", list(ids))
+        ]
+
     async def mark_published(self, marks: Sequence[tuple[str, datetime]]) -> None:
         if marks:
             await self._execute("mark_published", [m[0] for m in marks], [m[1] for m in marks])

@@ -14,7 +14,14 @@ from coldbrew.errors import ConfigurationError
 from coldbrew.settings import ENV_PREFIX, Settings, load_settings, mask_url
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "coldbrew.example.env"
-SECTIONS = ["Connections", "Worker", "Leases & retries", "Limits", "Observability"]
+SECTIONS = [
+    "Connections",
+    "Worker",
+    "Leases & retries",
+    "Limits",
+    "HTTP API",
+    "Observability",
+]
 
 _ASSIGNMENT_RE = re.compile(r"^#\s?(?P<name>COLDBREW_[A-Z0-9_]+)=(?P<value>.*)$")
 
@@ -99,7 +106,7 @@ def test_example_documents_every_variable() -> None:
 
 
 def test_example_is_grouped_by_topic() -> None:
-    """The example's sections are connections, worker, leases & retries, limits, observability."""
+    """The example's sections: connections, worker, leases & retries, limits, API, observability."""
     headers = [line[3:].split(" --")[0] for line in example_lines() if line.startswith("## ")]
     assert headers == SECTIONS
 

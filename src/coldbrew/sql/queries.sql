@@ -15,6 +15,11 @@ RETURNING *;
 -- One job by id ($1 id)
 SELECT * FROM jobs WHERE id = $1;
 
+-- name: get_finished_jobs
+-- Those of the given jobs that reached a terminal status, for webhooks ($1 ids)
+SELECT * FROM jobs
+WHERE id = ANY($1::text[]) AND status IN ('succeeded', 'failed', 'dead', 'cancelled');
+
 -- name: mark_published
 -- Clear the publish mark of rows whose publish was confirmed, unless it was re-set meanwhile ($1 ids, $2 publish_after values read)
 UPDATE jobs AS j SET publish_after = NULL

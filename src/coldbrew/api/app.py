@@ -1,0 +1,72 @@
+"""Builds the Starlette application from a connected ``Client`` and the API settings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from coldbrew.api import routes
+from coldbrew.api.auth import KeyRing
+from coldbrew.api.errors import ApiError, on_api_error, on_coldbrew_error, on_unexpected
+from coldbrew.client import Client
+from coldbrew.errors import ColdbrewError
+from coldbrew.model import JobRecord
+from coldbrew.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    """What the routes need beyond the client."""
+
+    max_body_bytes: int = 256 * 1024
+    max_wait_seconds: float = 60.0
+    sse_keepalive_seconds: float = 15.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ApiConfig:
+        return cls(
+            max_body_bytes=settings.max_body_bytes,
+            max_wait_seconds=settings.api_max_wait_seconds,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ApiState:
+    client: Client
+    keys: KeyRing
+    config: ApiConfig
+    on_submitted: Callable[[JobRecord], None] | None
+
+
+ROUTES = [
+    Route("/jobs", routes.submit_job, methods=["POST"], name="submit_job"),
+    Route("/jobs/{job_id}", routes.get_job, methods=["GET"], name="get_job"),
+    Route("/jobs/{job_id}", routes.cancel_job, methods=["DELETE"], name="cancel_job"),
+    Route("/jobs/{job_id}/events", routes.job_events, methods=["GET"], name="job_events"),
+    Route("/healthz", routes.healthz, methods=["GET"], name="healthz"),
+    Route("/readyz", routes.readyz, methods=["GET"], name="readyz"),
+    Route("/openapi.json", routes.openapi, methods=["GET"], name="openapi"),
+]
+
+
+def create_app(
+    client: Client,
+    keys: KeyRing,
+    config: ApiConfig | None = None,
+    *,
+    on_submitted: Callable[[JobRecord], None] | None = None,
+) -> Starlette:
+    """The ASGI app; ``client`` stays owned by the caller (it is opened and closed outside)."""
+    app = Starlette(
+        routes=list(ROUTES),
+        exception_handlers={
+            ApiError: on_api_error,
+            ColdbrewError: on_coldbrew_error,
+            Exception: on_unexpected,
+        },
+    )
+    app.state.api = ApiState(client, keys, config or ApiConfig(), on_submitted)
+    return app

@@ -1,0 +1,210 @@
+"""The OpenAPI 3.1 document served at ``/openapi.json``.
+
+Hand-written, because the routes are plain Starlette handlers; a test checks
+that every route and method is documented here, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from coldbrew.model import MAX_PRIORITY
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/{name}"}
+
+
+_JOB = {"application/json": {"schema": _ref("schemas/JobStatus")}}
+_ERROR = {"application/json": {"schema": _ref("schemas/Error")}}
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    texts = {
+        400: "The body is not JSON.",
+        401: "Missing or invalid API key (see WWW-Authenticate).",
+        403: "The body names another tenant than the key's.",
+        404: "No such job for this key's tenant.",
+        409: "The job already finished.",
+        413: "The body is over COLDBREW_MAX_BODY_BYTES.",
+        415: "The body is not application/json.",
+        422: "A field is missing, unknown or out of range; the message names it.",
+        503: "PostgreSQL (or RabbitMQ) is unreachable; retry after Retry-After seconds.",
+    }
+    return {str(code): {"description": texts[code], "content": _ERROR} for code in codes}
+
+
+_STATUS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"type": "string"},
+        "queue": {"type": "string"},
+        "tenant": {"type": "string"},
+        "status": {
+            "enum": ["queued", "running", "retrying", "succeeded", "failed", "dead", "cancelled"]
+        },
+        "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY},
+        "attempt": {"type": "integer"},
+        "max_attempts": {"type": "integer"},
+        "progress": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+        "progress_message": {"type": ["string", "null"]},
+        "result": {},
+        "error": {
+            "type": ["object", "null"],
+            "properties": {"kind": {"type": "string"}, "message": {"type": "string"}},
+        },
+        "created_at": {"type": "string", "format": "date-time"},
+        "started_at": {"type": ["string", "null"], "format": "date-time"},
+        "finished_at": {"type": ["string", "null"], "format": "date-time"},
+        "run_at": {"type": "string", "format": "date-time"},
+        "cancel_requested": {"type": "boolean"},
+    },
+}
+
+_STATUS_SCHEMA["required"] = list(_STATUS_SCHEMA["properties"])  # every key, always present
+
+_SUBMIT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["type"],
+    "properties": {
+        "type": {"type": "string", "description": "a job type the workers register"},
+        "args": {"type": "object", "description": "the job's keyword arguments"},
+        "tenant": {"type": "string", "description": "defaults to the API key's tenant"},
+        "queue": {"type": "string", "description": "the lane; defaults to the job type's"},
+        "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY, "default": 0},
+        "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000},
+        "timeout_seconds": {"type": "number", "exclusiveMinimum": 0},
+    },
+}
+
+_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["kind", "message"],
+            "properties": {"kind": {"type": "string"}, "message": {"type": "string"}},
+        }
+    },
+}
+
+_PROBE = {"application/json": {"schema": {"type": "object"}}}
+
+SPEC: Final[dict[str, Any]] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "coldbrew",
+        "version": "1",
+        "description": "Submit long-running jobs and follow them. Authenticate with "
+        "`Authorization: Bearer <API key>`; a key sees only its tenant's jobs.",
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/jobs": {
+            "post": {
+                "summary": "Submit a job",
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "schema": {"type": "string", "maxLength": 256},
+                        "description": "the same key (per tenant) returns the same job",
+                    }
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("schemas/Submit")}},
+                },
+                "responses": {
+                    "202": {
+                        "description": "Accepted; Location names the job.",
+                        "headers": {"Location": {"schema": {"type": "string"}}},
+                        "content": _JOB,
+                    },
+                    **_errors(400, 401, 403, 413, 415, 422, 503),
+                },
+            }
+        },
+        "/jobs/{job_id}": {
+            "get": {
+                "summary": "A job's status JSON; long-polls with ?wait",
+                "parameters": [
+                    _JOB_ID,
+                    {
+                        "name": "wait",
+                        "in": "query",
+                        "schema": {"type": "number", "minimum": 0},
+                        "description": "seconds to wait for a change from If-None-Match's "
+                        "state (or from the current one); capped by COLDBREW_API_MAX_WAIT_SECONDS",
+                    },
+                    {"name": "If-None-Match", "in": "header", "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": {"description": "The job's status, with its ETag.", "content": _JOB},
+                    "304": {"description": "Unchanged from If-None-Match."},
+                    **_errors(401, 404, 422, 503),
+                },
+            },
+            "delete": {
+                "summary": "Cancel a job",
+                "parameters": [
+                    _JOB_ID,
+                    {"name": "reason", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": {"description": "Cancelled.", "content": _JOB},
+                    "202": {"description": "Running; its worker stops it.", "content": _JOB},
+                    **_errors(401, 404, 409, 503),
+                },
+            },
+        },
+        "/jobs/{job_id}/events": {
+            "get": {
+                "summary": "Server-sent events: a `status` event per change until terminal",
+                "parameters": [
+                    _JOB_ID,
+                    {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": {
+                        "description": "`event: status` with the status JSON as data",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    },
+                    **_errors(401, 404, 503),
+                },
+            }
+        },
+        "/healthz": {
+            "get": {
+                "summary": "Liveness",
+                "security": [],
+                "responses": {"200": {"description": "alive", "content": _PROBE}},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "summary": "Readiness (PostgreSQL reachable)",
+                "security": [],
+                "responses": {
+                    "200": {"description": "ready", "content": _PROBE},
+                    "503": {"description": "not ready", "content": _PROBE},
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "security": [],
+                "responses": {"200": {"description": "OpenAPI 3.1", "content": _PROBE}},
+            }
+        },
+    },
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {"JobStatus": _STATUS_SCHEMA, "Submit": _SUBMIT_SCHEMA, "Error": _ERROR_SCHEMA},
+    },
+}

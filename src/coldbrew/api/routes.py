@@ -1,0 +1,213 @@
+"""The HTTP endpoints: submit, read (with ETags and long polls), stream, cancel, probes."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from coldbrew.api.auth import Principal
+from coldbrew.api.errors import ApiError
+from coldbrew.api.etag import if_none_match
+from coldbrew.api.schemas import parse_submit
+from coldbrew.api.watch import Snapshot, follow, wait_for_change
+from coldbrew.errors import JobNotFound, ServiceUnavailable
+from coldbrew.model import JobRecord, Status
+
+if TYPE_CHECKING:
+    from coldbrew.api.app import ApiState
+
+JSON_TYPES = ("application/json", "application/problem+json")
+NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+def _state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.api
+    return state
+
+
+async def _owned_job(request: Request, principal: Principal) -> JobRecord:
+    """The job named in the path, if the caller's tenant owns it; another tenant's is 404."""
+    job_id = request.path_params["job_id"]
+    record = await _state(request).client.get(job_id)
+    if not principal.may_see(record.tenant):
+        raise JobNotFound(job_id)  # the same answer as a missing job: ids do not leak
+    return record
+
+
+async def submit_job(request: Request) -> Response:
+    state = _state(request)
+    principal = state.keys.authenticate(request)
+    content_type = request.headers.get("content-type", "application/json").split(";")[0]
+    if content_type.strip().lower() not in JSON_TYPES:
+        raise ApiError(415, "unsupported_media_type", "send the job as application/json")
+    body = parse_submit(await _read_body(request, state.config.max_body_bytes))
+    tenant = body.tenant or principal.tenant or "default"
+    if not principal.may_see(tenant):
+        raise ApiError(
+            403,
+            "tenant_mismatch",
+            f"this API key belongs to tenant {principal.tenant!r}, not {tenant!r}",
+        )
+    record = await state.client.submit(
+        body.type,
+        body.args,
+        tenant=tenant,
+        queue=body.queue,
+        priority=body.priority,
+        idempotency_key=_idempotency_key(request),
+        max_attempts=body.max_attempts,
+        timeout=body.timeout_seconds,
+    )
+    if state.on_submitted is not None:
+        state.on_submitted(record)
+    snapshot = Snapshot.of(record)
+    return JSONResponse(
+        snapshot.status,
+        status_code=202,
+        headers={"Location": f"/jobs/{record.id}", "ETag": snapshot.etag, **NO_CACHE},
+    )
+
+
+def _idempotency_key(request: Request) -> str | None:
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 0 < len(key) <= 256:
+        raise ApiError(422, "invalid_idempotency_key", "Idempotency-Key must be 1-256 characters")
+    return key
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it passes ``limit`` bytes (declared or streamed)."""
+    declared = request.headers.get("content-length")
+    too_large = ApiError(413, "too_large", f"the body is over the limit of {limit} bytes")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def get_job(request: Request) -> Response:
+    state = _state(request)
+    principal = state.keys.authenticate(request)
+    wait = _wait_seconds(request, state.config.max_wait_seconds)
+    snapshot = Snapshot.of(await _owned_job(request, principal))
+    client_has = request.headers.get("if-none-match")
+    if wait > 0 and (client_has is None or if_none_match(client_has, snapshot.etag)):
+
+        async def fetch() -> JobRecord:
+            return await _owned_job(request, principal)
+
+        snapshot = await wait_for_change(
+            fetch, snapshot, timeout=wait, gone=request.is_disconnected
+        )
+    headers = {"ETag": snapshot.etag, **NO_CACHE}
+    if if_none_match(client_has, snapshot.etag):
+        return Response(status_code=304, headers=headers)
+    return JSONResponse(snapshot.status, headers=headers)
+
+
+def _wait_seconds(request: Request, limit: float) -> float:
+    text = request.query_params.get("wait")
+    if text is None:
+        return 0.0
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = math.nan
+    if not 0 <= wait <= limit:  # also false for nan
+        raise ApiError(422, "invalid_wait", f"wait must be a number of seconds in 0..{limit:g}")
+    return wait
+
+
+async def job_events(request: Request) -> Response:
+    """Server-sent events: one ``status`` event per change, until the job is terminal."""
+    state = _state(request)
+    principal = state.keys.authenticate(request)
+    await _owned_job(request, principal)  # 404 before the stream starts, not inside it
+    last = request.headers.get("last-event-id")
+
+    async def fetch() -> JobRecord:
+        return await _owned_job(request, principal)
+
+    async def stream() -> AsyncIterator[str]:
+        yield "retry: 2000\n\n"
+        try:
+            async for snapshot in follow(
+                fetch,
+                last_etag=f'"{last}"' if last else None,
+                gone=request.is_disconnected,
+                keepalive=state.config.sse_keepalive_seconds,
+            ):
+                if snapshot is None:
+                    yield ": keepalive\n\n"
+                    continue
+                data = json.dumps(snapshot.status, separators=(",", ":"))
+                yield f"id: {snapshot.etag.strip(chr(34))}\nevent: status\ndata: {data}\n\n"
+        except ServiceUnavailable:  # headers are sent: say it in the stream, then end
+            error = {
+                "kind": "service_unavailable",
+                "message": "the job store is unreachable; reconnect later with Last-Event-ID",
+            }
+            yield f"event: error\ndata: {json.dumps(error)}\n\n"
+
+    return StreamingResponse(
+        stream(),
+        media_type="text/event-stream",
+        headers={**NO_CACHE, "X-Accel-Buffering": "no"},
+    )
+
+
+async def cancel_job(request: Request) -> Response:
+    """Cancel: 200 once cancelled, 202 while a running job is being stopped, 409 if finished."""
+    state = _state(request)
+    principal = state.keys.authenticate(request)
+    record = await _owned_job(request, principal)
+    reason = request.query_params.get("reason") or "cancelled over the HTTP API"
+    record = await state.client.cancel(record.id, reason[:500])
+    snapshot = Snapshot.of(record)
+    if record.status is Status.CANCELLED:
+        return JSONResponse(snapshot.status, headers={"ETag": snapshot.etag})
+    if record.status is Status.RUNNING:
+        return JSONResponse(snapshot.status, status_code=202, headers={"ETag": snapshot.etag})
+    raise ApiError(
+        409,
+        "already_finished",
+        f"job {record.id} is already {record.status}",
+        extra={"job": snapshot.status},
+    )
+
+
+async def healthz(_request: Request) -> Response:
+    """Liveness: the process answers."""
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """Readiness: PostgreSQL answers and the broker connection is up."""
+    client = _state(request).client
+    problems: dict[str, Any] = {}
+    try:
+        await client.store.ping()
+    except ServiceUnavailable:
+        problems["database"] = "unreachable"
+    if client.broker is not None and not client.broker.connected:
+        problems["broker"] = "reconnecting (submissions are kept and published by the relay)"
+    if "database" in problems:
+        return JSONResponse({"status": "unavailable", **problems}, status_code=503)
+    return JSONResponse({"status": "ok", **problems})
+
+
+async def openapi(request: Request) -> Response:
+    from coldbrew.api.openapi import SPEC
+
+    return JSONResponse(SPEC)

@@ -1,0 +1,48 @@
+"""The ``POST /jobs`` body: parsed strictly, with one specific message per mistake.
+
+Strict JSON parsing: ``"priority": "5"`` is an error rather than a guess, and
+an unknown field is rejected so a typo (``"prority"``) never passes silently.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from coldbrew.api.errors import ApiError
+from coldbrew.app import JOB_TYPE_RE
+from coldbrew.model import MAX_PRIORITY, NAME_RE
+
+
+class SubmitBody(BaseModel):
+    """A job submission; the job id comes from the ``Idempotency-Key`` header or is new."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    type: Annotated[str, Field(pattern=JOB_TYPE_RE.pattern)]
+    args: dict[str, Any] = Field(default_factory=dict)
+    tenant: Annotated[str | None, Field(pattern=NAME_RE.pattern)] = None
+    queue: Annotated[str | None, Field(pattern=NAME_RE.pattern)] = None
+    priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] = 0
+    max_attempts: Annotated[int | None, Field(ge=1, le=1000)] = None
+    timeout_seconds: Annotated[float | None, Field(gt=0, lt=10**7)] = None
+
+
+def parse_submit(body: bytes) -> SubmitBody:
+    """Validate a request body; raise a 400 (not JSON) or 422 naming the field at fault."""
+    try:
+        return SubmitBody.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["type"] == "json_invalid":
+            raise ApiError(
+                400, "invalid_json", f"the body is not JSON: {first['ctx']['error']}"
+            ) from None
+        if first["type"] == "model_type":
+            raise ApiError(422, "invalid_body", "the body must be a JSON object") from None
+        field = ".".join(str(part) for part in first["loc"]) or "body"
+        message = first["msg"]
+        if first["type"] == "extra_forbidden":
+            message = f"unknown field; allowed: {', '.join(SubmitBody.model_fields)}"
+        raise ApiError(422, "invalid_body", f"{field}: {message}") from None
