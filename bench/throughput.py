@@ -93,6 +93,7 @@ class Config:
     workdir: Path
     profile_dir: Path | None = None
     claim_commit: str | None = None  # COLDBREW_CLAIM_COMMIT of the worker (None: its default)
+    coldbrew_prefetch: int = 0  # COLDBREW_PREFETCH of the worker (0: its default)
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
 
 
@@ -375,6 +376,8 @@ async def run_coldbrew(cfg: Config, index: int) -> Drain:
         try:
             commits0 = await conn.fetchval(COMMITS_SQL)
             claim_env = claim_commit_env(cfg.claim_commit)
+            if cfg.coldbrew_prefetch:
+                claim_env["COLDBREW_PREFETCH"] = str(cfg.coldbrew_prefetch)
             async with worker_process(cfg, namespace, label, extra_env=claim_env) as worker:
                 start = Snapshot.take(worker.pid)
                 polls, polling = await wait_succeeded(cfg, conn, namespace, worker.process, label)
@@ -654,6 +657,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"created if missing (default {DEFAULT_DATABASE_URL})",
     )
     add_claim_commit_argument(parser)
+    parser.add_argument(
+        "--coldbrew-prefetch",
+        type=int,
+        default=0,
+        help="COLDBREW_PREFETCH of the worker, and the raw loop's prefetch (0: coldbrew's default)",
+    )
     parser.add_argument("--raw-consumer", metavar="QUEUE", help=argparse.SUPPRESS)
     parser.add_argument("--prefetch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -667,6 +676,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, name, short if quick else full)
     if args.jobs < 1 or args.repeat < 1 or args.concurrency < 1:
         parser.error("--jobs, --repeat and --concurrency must be positive")
+    if not 0 <= args.coldbrew_prefetch <= 65_535:
+        parser.error("--coldbrew-prefetch must be in 0..65535")
     return args
 
 
@@ -674,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     claim_commit = {"claim_commit": args.claim_commit} if args.claim_commit else {}
     prefetch = Settings.model_construct(
-        concurrency=args.concurrency, prefetch=0, **claim_commit
+        concurrency=args.concurrency, prefetch=args.coldbrew_prefetch, **claim_commit
     ).effective_prefetch
     if args.raw_consumer:
         import uvloop
@@ -694,6 +705,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir=workdir,
             profile_dir=args.profile,
             claim_commit=args.claim_commit,
+            coldbrew_prefetch=args.coldbrew_prefetch,
         )
 
     return run_main(config, run, render, json_output=args.json, workdir_prefix="cbbench-")
