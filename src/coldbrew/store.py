@@ -616,6 +616,11 @@ class JobStore:
         rows = await self._fetch("dlq_list", reason_contains, limit)
         return [JobRecord.from_row(row) for row in rows]
 
+    async def recent_dead(self, tenant: str | None, limit: int) -> list[JobRecord]:
+        """The newest dead jobs, of one tenant or (``None``) of all, for the dashboard."""
+        rows = await self._fetch("recent_dead", tenant, limit)
+        return [JobRecord.from_row(row) for row in rows]
+
     async def dlq_replay(
         self, reason_contains: str | None, job_id: str | None, limit: int, budget: int
     ) -> list[str]:
@@ -744,11 +749,14 @@ class JobStore:
         query = QUERIES["insert_rejected"].text
         await self._run(lambda conn: conn.executemany(query, rows))
 
-    async def rejected_counts(self) -> dict[str, int]:
-        return {row["reason"]: row["count"] for row in await self._fetch("rejected_counts")}
+    async def rejected_counts(self, tenant: str | None = None) -> dict[str, int]:
+        """Rejected messages by reason; with ``tenant``, only those routed to that tenant."""
+        rows = await self._fetch("rejected_counts", tenant)
+        return {row["reason"]: row["count"] for row in rows}
 
-    async def queue_stats(self) -> list[QueueStats]:
-        return [QueueStats(**dict(row)) for row in await self._fetch("queue_stats")]
+    async def queue_stats(self, tenant: str | None = None) -> list[QueueStats]:
+        """Counts per lane and tenant; with ``tenant``, that tenant's lanes only."""
+        return [QueueStats(**dict(row)) for row in await self._fetch("queue_stats", tenant)]
 
     # --- LISTEN ---------------------------------------------------------------
 

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from coldbrew.api import routes
+from coldbrew.api import dashboard, routes
 from coldbrew.api.auth import KeyRing
 from coldbrew.api.errors import ApiError, on_api_error, on_coldbrew_error, on_unexpected
 from coldbrew.client import Client
 from coldbrew.errors import ColdbrewError
 from coldbrew.model import JobRecord
 from coldbrew.settings import Settings
+from coldbrew.stats import DrainRates
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,7 @@ class ApiState:
     keys: KeyRing
     config: ApiConfig
     on_submitted: Callable[[JobRecord], None] | None
+    rates: DrainRates = field(default_factory=DrainRates)  # the dashboard's, across its loads
 
 
 ROUTES = [
@@ -49,6 +51,15 @@ ROUTES = [
     Route("/healthz", routes.healthz, methods=["GET"], name="healthz"),
     Route("/readyz", routes.readyz, methods=["GET"], name="readyz"),
     Route("/openapi.json", routes.openapi, methods=["GET"], name="openapi"),
+    Route("/", dashboard.home, methods=["GET"], name="home"),
+    Route("/dashboard", dashboard.dashboard, methods=["GET"], name="dashboard"),
+    Route("/dashboard.json", dashboard.dashboard_json, methods=["GET"], name="dashboard_json"),
+    Route("/dashboard/login", dashboard.login_form, methods=["GET"], name="login_form"),
+    Route("/dashboard/login", dashboard.login, methods=["POST"], name="login"),
+    Route("/dashboard/logout", dashboard.logout, methods=["POST"], name="logout"),
+    Route(
+        "/dashboard/jobs/{job_id}", dashboard.dashboard_job, methods=["GET"], name="dashboard_job"
+    ),
 ]
 
 

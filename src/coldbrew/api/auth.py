@@ -17,6 +17,8 @@ from starlette.requests import Request
 from coldbrew.api.errors import ApiError
 
 REALM = 'Bearer realm="coldbrew"'
+DASHBOARD_COOKIE = "coldbrew_dashboard_key"
+"""The dashboard's HTTP-only cookie: a browser cannot send a Bearer header by itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,21 @@ class KeyRing:
                 headers={"WWW-Authenticate": f'{REALM}, error="invalid_token"'},
             )
         return Principal(tenant)
+
+    def authenticate_browser(self, request: Request) -> Principal | None:
+        """The caller from a Bearer header or else the dashboard cookie; None if neither is valid.
+
+        Returns instead of raising so the dashboard can answer with its login form.
+        """
+        if self.insecure_no_auth:
+            return Principal(None)
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            token = request.cookies.get(DASHBOARD_COOKIE, "")
+        if not token.strip():
+            return None
+        tenant = self.lookup(token.strip())
+        return None if tenant is None else Principal(tenant)
 
 
 def _digest(key: str) -> bytes:

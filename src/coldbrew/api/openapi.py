@@ -93,6 +93,159 @@ _ERROR_SCHEMA: dict[str, Any] = {
 }
 
 _PROBE = {"application/json": {"schema": {"type": "object"}}}
+_HTML = {"text/html": {"schema": {"type": "string"}}}
+_TO_LOGIN = {"303": {"description": "No valid key or cookie: redirect to /dashboard/login."}}
+
+_LANE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "One lane (queue) of one tenant; depth = queued + retrying.",
+    "properties": {
+        "queue": {"type": "string"},
+        "tenant": {"type": "string"},
+        "queued": {"type": "integer"},
+        "running": {"type": "integer"},
+        "retrying": {"type": "integer"},
+        "dead": {"type": "integer"},
+        "failed": {"type": "integer"},
+        "oldest_waiting_seconds": {"type": "number"},
+        "finished": {"type": "integer", "description": "jobs finished so far (a counter)"},
+        "depth": {"type": "integer"},
+        "drain_rate_per_second": {
+            "type": ["number", "null"],
+            "description": "null until the dashboard has been loaded twice",
+        },
+        "estimated_wait_seconds": {
+            "type": ["number", "null"],
+            "description": "depth / drain rate; null when unknown or when nothing drains",
+        },
+    },
+}
+
+_DASHBOARD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["tenant", "generated_at", "lanes", "tenants", "dead_jobs", "rejected"],
+    "properties": {
+        "tenant": {
+            "type": ["string", "null"],
+            "description": "the key's tenant; null when auth is off (every tenant)",
+        },
+        "generated_at": {"type": "string", "format": "date-time"},
+        "lanes": {"type": "array", "items": _LANE_SCHEMA},
+        "tenants": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "weight": {"type": "number"},
+                    "paused": {"type": "boolean"},
+                    "max_running": {"type": ["integer", "null"]},
+                },
+            },
+        },
+        "dead_jobs": {
+            "type": "array",
+            "description": "the newest dead jobs (at most 20)",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string"},
+                    "type": {"type": "string"},
+                    "queue": {"type": "string"},
+                    "tenant": {"type": "string"},
+                    "reason": {"type": "string"},
+                    "error": {"type": "string", "description": "kind: message (truncated)"},
+                    "attempt": {"type": "integer"},
+                    "max_attempts": {"type": "integer"},
+                    "finished_at": {"type": ["string", "null"], "format": "date-time"},
+                },
+            },
+        },
+        "rejected": {
+            "type": "object",
+            "additionalProperties": {"type": "integer"},
+            "description": "rejected messages by reason (for a key: routed to its tenant)",
+        },
+    },
+}
+
+_DASHBOARD_PATHS: dict[str, Any] = {
+    "/": {
+        "get": {
+            "summary": "Redirect to /dashboard",
+            "security": [],
+            "responses": {"303": {"description": "See /dashboard."}},
+        }
+    },
+    "/dashboard": {
+        "get": {
+            "summary": "The web dashboard (HTML): lanes, tenants, dead jobs, rejected messages",
+            "description": "Authenticated by the login cookie or a Bearer key; "
+            "shows only the key's tenant. Reloads itself every 5 s.",
+            "responses": {"200": {"description": "The page.", "content": _HTML}, **_TO_LOGIN},
+        }
+    },
+    "/dashboard.json": {
+        "get": {
+            "summary": "The dashboard's data as JSON",
+            "responses": {
+                "200": {
+                    "description": "Scoped to the key's tenant.",
+                    "content": {"application/json": {"schema": _ref("schemas/Dashboard")}},
+                },
+                **_errors(401, 503),
+            },
+        }
+    },
+    "/dashboard/login": {
+        "get": {
+            "summary": "The API-key form",
+            "security": [],
+            "responses": {"200": {"description": "The form.", "content": _HTML}},
+        },
+        "post": {
+            "summary": "Sign in: sets the HTTP-only dashboard cookie",
+            "security": [],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/x-www-form-urlencoded": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["key"],
+                            "properties": {"key": {"type": "string"}},
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "303": {"description": "Signed in (Set-Cookie); redirect to /dashboard."},
+                "401": {"description": "Wrong or missing key: the form again.", "content": _HTML},
+                "403": {"description": "Posted from another origin.", "content": _ERROR},
+                "413": {"description": "The form is too large.", "content": _ERROR},
+                "415": {"description": "Not a urlencoded form.", "content": _ERROR},
+            },
+        },
+    },
+    "/dashboard/logout": {
+        "post": {
+            "summary": "Sign out: clears the dashboard cookie",
+            "security": [],
+            "responses": {"303": {"description": "Redirect to the login form."}},
+        }
+    },
+    "/dashboard/jobs/{job_id}": {
+        "get": {
+            "summary": "One job's status JSON as a page (the dashboard's link target)",
+            "parameters": [_JOB_ID],
+            "responses": {
+                "200": {"description": "The page.", "content": _HTML},
+                **_TO_LOGIN,
+                **_errors(404, 503),
+            },
+        }
+    },
+}
 
 SPEC: Final[dict[str, Any]] = {
     "openapi": "3.1.0",
@@ -202,9 +355,15 @@ SPEC: Final[dict[str, Any]] = {
                 "responses": {"200": {"description": "OpenAPI 3.1", "content": _PROBE}},
             }
         },
+        **_DASHBOARD_PATHS,
     },
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "schemas": {"JobStatus": _STATUS_SCHEMA, "Submit": _SUBMIT_SCHEMA, "Error": _ERROR_SCHEMA},
+        "schemas": {
+            "JobStatus": _STATUS_SCHEMA,
+            "Submit": _SUBMIT_SCHEMA,
+            "Error": _ERROR_SCHEMA,
+            "Dashboard": _DASHBOARD_SCHEMA,
+        },
     },
 }

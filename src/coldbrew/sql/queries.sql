@@ -363,6 +363,13 @@ WHERE status = 'dead'
 ORDER BY finished_at DESC
 LIMIT $2;
 
+-- name: recent_dead
+-- The newest dead jobs, optionally of one tenant, for the dashboard ($1 tenant or null, $2 limit)
+SELECT * FROM jobs
+WHERE status = 'dead' AND ($1::text IS NULL OR tenant = $1)
+ORDER BY finished_at DESC
+LIMIT $2;
+
 -- name: dlq_replay
 -- Give dead jobs a fresh budget of attempts and make them due now; attempt keeps counting up so fencing still holds ($1 reason text or null, $2 job id or null, $3 limit, $4 fresh attempts)
 UPDATE jobs AS j
@@ -392,11 +399,13 @@ ORDER BY id DESC
 LIMIT $2;
 
 -- name: rejected_counts
--- How many rejected messages are kept, by reason
-SELECT reason, count(*) AS count FROM rejected_messages GROUP BY reason ORDER BY reason;
+-- How many rejected messages are kept, by reason, optionally only those whose routing key (<queue>.<tenant>) names a tenant ($1 tenant or null)
+SELECT reason, count(*) AS count FROM rejected_messages
+WHERE $1::text IS NULL OR split_part(routing_key, '.', 2) = $1
+GROUP BY reason ORDER BY reason;
 
 -- name: queue_stats
--- Per lane and tenant: counts by status, the oldest waiting job's age in seconds, and how many jobs have finished so far (the drain rate is its change over time)
+-- Per lane and tenant: counts by status, the oldest waiting job's age in seconds, and how many jobs have finished so far (the drain rate is its change over time), optionally for one tenant ($1 tenant or null)
 SELECT queue, tenant,
        count(*) FILTER (WHERE status = 'queued') AS queued,
        count(*) FILTER (WHERE status = 'running') AS running,
@@ -410,6 +419,7 @@ SELECT queue, tenant,
                  WHERE c.queue = j.queue AND c.tenant = j.tenant), 0) AS finished
 FROM jobs AS j
 WHERE status IN ('queued', 'running', 'retrying', 'dead', 'failed')
+  AND ($1::text IS NULL OR tenant = $1)
 GROUP BY queue, tenant
 ORDER BY queue, tenant;
 

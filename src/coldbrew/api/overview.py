@@ -1,0 +1,132 @@
+"""What the dashboard shows, gathered for one principal: lanes, tenants, dead jobs, rejections.
+
+Every read is scoped to the caller's tenant in SQL (or, for the small tenants
+table, filtered right after the read), so another tenant's rows never reach
+the renderer. The drain rate is the change of the finished-jobs counters
+between dashboard loads (``stats.DrainRates``), so it appears from the second
+load on, as with ``coldbrew stats --sample``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from coldbrew.api.auth import Principal
+from coldbrew.model import JobRecord
+from coldbrew.stats import DrainRates
+from coldbrew.store import JobStore, QueueStats, TenantSettings
+
+RECENT_DEAD_LIMIT = 20
+ERROR_TEXT_LIMIT = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """One (lane, tenant) row: counts, oldest waiting age, drain rate, estimated wait."""
+
+    stats: QueueStats
+    drain_rate: float | None  # jobs/s; None until two loads have been seen
+    estimated_wait: float | None  # seconds; inf when waiting jobs do not drain
+
+    @property
+    def depth(self) -> int:
+        return self.stats.queued + self.stats.retrying
+
+    def to_json(self) -> dict[str, Any]:
+        wait = self.estimated_wait
+        return asdict(self.stats) | {
+            "depth": self.depth,
+            "drain_rate_per_second": self.drain_rate,
+            "estimated_wait_seconds": None if wait is None or math.isinf(wait) else wait,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeadJob:
+    id: str
+    type: str
+    queue: str
+    tenant: str
+    reason: str
+    error: str
+    attempt: int
+    max_attempts: int
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, job: JobRecord) -> DeadJob:
+        error = f"{job.error_kind}: {job.error_message or ''}" if job.error_kind else ""
+        return cls(
+            job.id,
+            job.type,
+            job.queue,
+            job.tenant,
+            job.dead_reason or "",
+            error[:ERROR_TEXT_LIMIT],
+            job.attempt,
+            job.max_attempts,
+            job.finished_at,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        finished = None if self.finished_at is None else self.finished_at.isoformat()
+        return asdict(self) | {"finished_at": finished}
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """One dashboard load; ``tenant`` is the caller's, or None when every tenant is shown."""
+
+    tenant: str | None
+    generated_at: datetime
+    lanes: list[Lane]
+    tenants: list[TenantSettings]
+    dead_jobs: list[DeadJob]
+    rejected: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "generated_at": self.generated_at.isoformat(),
+            "lanes": [lane.to_json() for lane in self.lanes],
+            "tenants": [
+                {
+                    "name": t.name,
+                    "weight": t.weight,
+                    "paused": t.paused,
+                    "max_running": t.max_running,
+                }
+                for t in self.tenants
+            ],
+            "dead_jobs": [job.to_json() for job in self.dead_jobs],
+            "rejected": self.rejected,
+        }
+
+
+async def collect(
+    store: JobStore,
+    principal: Principal,
+    rates: DrainRates,
+    *,
+    dead_limit: int = RECENT_DEAD_LIMIT,
+) -> Overview:
+    """Read everything the principal may see, and fold this load into the drain rates."""
+    tenant = principal.tenant
+    rows = await store.queue_stats(tenant)
+    now = time.monotonic()
+    lanes = []
+    for row in rows:
+        key = (row.queue, row.tenant)
+        rates.observe(key, row.finished, now)
+        rate = rates.rates.get(key)
+        depth = row.queued + row.retrying
+        wait = None if rate is None else rates.estimated_wait(key, depth)
+        lanes.append(Lane(row, rate, wait))
+    tenants = [t for t in await store.list_tenants() if principal.may_see(t.name)]
+    dead = [DeadJob.of(job) for job in await store.recent_dead(tenant, dead_limit)]
+    rejected = await store.rejected_counts(tenant)
+    return Overview(tenant, datetime.now(UTC), lanes, tenants, dead, rejected)
