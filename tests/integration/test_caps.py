@@ -62,6 +62,17 @@ async def test_tenant_cap_holds_across_two_workers_and_others_run(
     channel = Topology(settings.namespace).tenant_channel
     await client.store.set_tenant("capped", max_running=2, channel=channel)
     workers = [await start_worker(worker_id="w1"), await start_worker(worker_id="w2")]
+    # the tenant's queue is provisioned by its first job; until both workers consume
+    # it, one may take every delivery and, seeing its own two running, never claim
+    # past the cap: the fleet-wide path (a claim that finds no room) would go untested
+    await results(client, [(await client.submit("echo", {}, tenant="capped")).id])
+
+    queue = Topology(settings.namespace).job_queue("default", "capped")
+
+    async def both_consume() -> bool:  # basic.consume answered, on both
+        return all(queue in w._parts.broker._consumers for w in workers)
+
+    await wait_until(both_consume)
     capped = [
         (await client.submit("timed_sleep", {"seconds": 0.3}, tenant="capped")).id
         for _ in range(10)
