@@ -41,6 +41,15 @@ class DatabaseUnavailable(ServiceUnavailable):
     """PostgreSQL cannot be reached, or the connection broke mid-operation."""
 
 
+class TransientDatabaseError(DatabaseUnavailable):
+    """PostgreSQL rolled a statement back on a conflict (deadlock, serialization failure).
+
+    Nothing of it was written and the connection is fine: the caller retries,
+    as after an outage. A subclass so that every loop that rides out an
+    outage rides this out too instead of crashing the worker.
+    """
+
+
 # --- the message contract ---------------------------------------------------
 
 

@@ -41,6 +41,7 @@ from coldbrew.errors import (
     JobCancelled,
     JobTimeout,
     StaleWrite,
+    TransientDatabaseError,
 )
 from coldbrew.jobstate import Delivery, InFlight, JobState
 from coldbrew.metrics import Metrics
@@ -428,7 +429,8 @@ class JobRunner:
             try:
                 result = await op()
             except DatabaseUnavailable as exc:
-                self._on_db_health(False)
+                if not isinstance(exc, TransientDatabaseError):  # a conflict: up, just busy
+                    self._on_db_health(False)
                 if give_up_on_stop and self._is_stopping():
                     return None
                 log.warning("database_unavailable", error=str(exc), retry_in=delay)

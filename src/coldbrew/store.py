@@ -19,7 +19,13 @@ from typing import Any, Final, TypeVar
 import asyncpg
 
 from coldbrew.batching import GroupCommit
-from coldbrew.errors import DatabaseUnavailable, JobNotFound, SchemaOutOfDate, StaleWrite
+from coldbrew.errors import (
+    DatabaseUnavailable,
+    JobNotFound,
+    SchemaOutOfDate,
+    StaleWrite,
+    TransientDatabaseError,
+)
 from coldbrew.model import JobRecord
 from coldbrew.settings import mask_url
 from coldbrew.sql import LATEST_VERSION, QUERIES
@@ -275,6 +281,8 @@ class JobStore:
                 return await op(conn)
         except CONNECTION_ERRORS as exc:
             raise DatabaseUnavailable(f"PostgreSQL at {mask_url(self._dsn)}: {exc}") from exc
+        except asyncpg.TransactionRollbackError as exc:
+            raise _transient(exc) from exc
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
         query = QUERIES[name].text
@@ -308,6 +316,8 @@ class JobStore:
         except CONNECTION_ERRORS as exc:
             await self._drop_batch_conn(name)
             raise DatabaseUnavailable(f"PostgreSQL at {mask_url(self._dsn)}: {exc}") from exc
+        except asyncpg.TransactionRollbackError as exc:  # rolled back; the connection is fine
+            raise _transient(exc) from exc
         except asyncio.CancelledError:
             await self._drop_batch_conn(name)  # a statement may still be in flight on it
             raise
@@ -786,6 +796,13 @@ class JobStore:
 async def _notify_settings_changed(conn: asyncpg.Connection, channel: str) -> None:
     """NOTIFY ``tenants-changed`` (delivered when the caller's transaction commits)."""
     await conn.execute(QUERIES["notify"].text, channel, TENANTS_CHANGED)
+
+
+def _transient(exc: asyncpg.TransactionRollbackError) -> TransientDatabaseError:
+    return TransientDatabaseError(
+        f"PostgreSQL rolled the statement back ({exc.sqlstate} {type(exc).__name__}: {exc}); "
+        "nothing was written, retrying"
+    )
 
 
 def _claim_result(

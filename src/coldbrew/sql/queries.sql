@@ -21,10 +21,11 @@ SELECT * FROM jobs
 WHERE id = ANY($1::text[]) AND status IN ('succeeded', 'failed', 'dead', 'cancelled');
 
 -- name: mark_published
--- Clear the publish mark of rows whose publish was confirmed, unless it was re-set meanwhile ($1 ids, $2 publish_after values read)
+-- Clear the publish mark of rows whose publish was confirmed, unless it was re-set meanwhile; rows another transaction holds (a worker claiming the job just published) are skipped, not waited for: waiting deadlocked against claim batches locking the same rows in another order, and a skipped mark is cleared by clear_stale_publish_marks once the job is no longer waiting ($1 ids, $2 publish_after values read)
 UPDATE jobs AS j SET publish_after = NULL
 FROM unnest($1::text[], $2::timestamptz[]) AS u(id, publish_after)
-WHERE j.id = u.id AND j.publish_after = u.publish_after;
+WHERE j.id = u.id AND j.publish_after = u.publish_after
+  AND j.id IN (SELECT id FROM jobs WHERE id = ANY($1::text[]) FOR UPDATE SKIP LOCKED);
 
 -- name: claim_batch
 -- Upsert delivered jobs and claim the claimable ones, one attempt each ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 idempotency keys, $10 lease seconds, $11 worker id)
