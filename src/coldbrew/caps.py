@@ -24,7 +24,7 @@ job slots nor a stream of futile claims:
   scope per burst), a change of the caps, or the re-check timer. A busy lock
   is re-checked after ``CAP_BUSY_RETRY`` (jittered). A full cap is re-checked
   after ``CAP_RETRY_MAX`` while the worker LISTENs, as the safety net for a
-  lost NOTIFY and for places the reaper frees; while it does not, the
+  lost NOTIFY (the reaper NOTIFYs too); while it does not, the
   re-check backs off from ``CAP_RETRY_FIRST`` to ``CAP_RETRY_MAX``.
 - **Drain.** Held deliveries go back to the worker to be requeued; places
   freed by jobs that finished while draining are remembered, for the worker

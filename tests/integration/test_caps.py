@@ -379,3 +379,41 @@ async def test_a_place_freed_without_a_notify_is_found_by_the_safety_timer(
         await conn.close()
     (done,) = await results(client, [waiting.id], timeout=10)
     assert done["start"] - freed < 1.5
+
+
+async def test_the_reaper_notifies_the_capped_scopes_it_frees(
+    client: Client, settings: Settings
+) -> None:
+    """A dead worker's expired job of a capped tenant and type, moved on by the reaper, frees
+    a place: the fleet hears it on ``<ns>.caps`` at once, not at its next re-check. An
+    uncapped tenant's reaped job sends nothing."""
+    channel = Topology(settings.namespace).tenant_channel
+    await client.store.set_tenant("capped", max_running=1, channel=channel)
+    await client.store.set_job_type("timed_sleep", max_running=2, channel=channel)
+    jobs = f"{settings.namespace}.jobs"
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    conn = await asyncpg.connect(DATABASE_URL)
+    try:
+        for job_id, job_type, tenant in [
+            ("ghost-capped", "echo", "capped"),
+            ("ghost-free", "echo", "free"),
+            ("ghost-type", "timed_sleep", "free"),
+        ]:
+            await conn.execute(
+                f"INSERT INTO {jobs} (id, type, queue, tenant, max_attempts, status, attempt, "
+                "lease_expires_at, worker_id) VALUES ($1, $2, 'default', $3, 3, 'running', 1, "
+                "now() - interval '1 second', 'gone')",
+                job_id,
+                job_type,
+                tenant,
+            )
+        async with client.store.listen(client.store.cap_channel(), heard.put_nowait):
+            reaped = await client.store.reap_expired()
+            ids = sorted(row["id"] for row in reaped)
+            assert ids == ["ghost-capped", "ghost-free", "ghost-type"]
+            payloads = {await asyncio.wait_for(heard.get(), timeout=5) for _ in range(2)}
+            await asyncio.sleep(0.3)  # nothing else follows
+            assert heard.empty()
+    finally:
+        await conn.close()
+    assert payloads == {"tenant:capped", "type:timed_sleep"}

@@ -172,33 +172,49 @@ WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
 RETURNING j.id;
 
 -- name: reap_expired
--- Make running jobs whose lease expired due again (or dead, or cancelled); one reaper per row ($1 limit)
-UPDATE jobs AS j
-SET status = CASE WHEN j.cancel_requested THEN 'cancelled'::job_status
-                  WHEN j.attempt >= j.max_attempts THEN 'dead'::job_status
-                  ELSE 'retrying'::job_status END,
-    dead_reason = CASE WHEN NOT j.cancel_requested AND j.attempt >= j.max_attempts
-                       THEN 'max_attempts' ELSE j.dead_reason END,
-    error_kind = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'lease_expired' END,
-    error_message = CASE WHEN j.cancel_requested THEN j.cancel_reason
-                         ELSE 'worker ' || coalesce(j.worker_id, '?') || ' stopped renewing its lease'
-                    END,
-    finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
-    run_at = now(),
-    publish_after = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
-                         ELSE now() END,
-    lease_expires_at = NULL,
-    worker_id = NULL,
-    updated_at = now()
-WHERE j.id IN (
-    SELECT id FROM jobs
-    WHERE status = 'running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
+-- Make running jobs whose lease expired due again (or dead, or cancelled), one reaper per row, and NOTIFY "<schema>.caps" with each capped tenant and type that freed a place, as complete_batch does ($1 limit)
+WITH reaped AS (
+    UPDATE jobs AS j
+    SET status = CASE WHEN j.cancel_requested THEN 'cancelled'::job_status
+                      WHEN j.attempt >= j.max_attempts THEN 'dead'::job_status
+                      ELSE 'retrying'::job_status END,
+        dead_reason = CASE WHEN NOT j.cancel_requested AND j.attempt >= j.max_attempts
+                           THEN 'max_attempts' ELSE j.dead_reason END,
+        error_kind = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'lease_expired' END,
+        error_message = CASE WHEN j.cancel_requested THEN j.cancel_reason
+                             ELSE 'worker ' || coalesce(j.worker_id, '?')
+                                  || ' stopped renewing its lease'
+                        END,
+        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
+        run_at = now(),
+        publish_after = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
+                             ELSE now() END,
+        lease_expires_at = NULL,
+        worker_id = NULL,
+        updated_at = now()
+    WHERE j.id IN (
+        SELECT id FROM jobs
+        WHERE status = 'running' AND lease_expires_at < now()
+        ORDER BY lease_expires_at
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING j.id, j.type, j.queue, j.tenant, j.args, j.status::text AS status, j.attempt,
+              j.error_message
+),
+freed AS (
+    -- a reaped job left 'running': a place of its capped tenant and type freed; without
+    -- this, waiting workers found out only at their 0.5 s re-check
+    SELECT pg_notify(current_schema() || '.caps', 'tenant:' || t.name)
+    FROM tenants AS t
+    WHERE t.name IN (SELECT tenant FROM reaped) AND t.max_running IS NOT NULL
+    UNION ALL
+    SELECT pg_notify(current_schema() || '.caps', 'type:' || y.name)
+    FROM job_types AS y
+    WHERE y.name IN (SELECT type FROM reaped) AND y.max_running IS NOT NULL
 )
-RETURNING j.id, j.type, j.queue, j.tenant, j.args, j.status::text AS status, j.attempt,
-          j.error_message;
+-- the count makes PostgreSQL run "freed" (a plain SELECT in WITH runs only when read), once
+SELECT * FROM reaped WHERE (SELECT count(*) FROM freed) >= 0;
 
 -- name: take_due_publishes
 -- Relay: lease up to $1 rows that are due for publishing, pushing their mark $2 seconds ahead ($1 limit, $2 retry-after seconds)
