@@ -45,12 +45,11 @@ async def wait_listening(base: str, proc: subprocess.Popen[bytes], log: Path) ->
             await asyncio.sleep(0.05)
 
 
-async def test_api_submits_and_long_polls_to_success(settings: Settings, tmp_path: Path) -> None:
-    """A job submitted over HTTP to `coldbrew api` is run by a `coldbrew worker` and long-polled
-    to succeeded; SIGTERM stops the API with exit 0."""
+async def start_api(settings: Settings, key: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``coldbrew api --app tests.apps:app`` with ``key`` for tenant acme, once /readyz
+    answers; returns the process and its base URL (output to ``log``)."""
     port = free_port()
-    log = tmp_path / "api.log"
-    env = cli_env(settings, COLDBREW_API_KEYS=f"{KEY}:acme", COLDBREW_API_PORT=str(port))
+    env = cli_env(settings, COLDBREW_API_KEYS=f"{key}:acme", COLDBREW_API_PORT=str(port))
     with log.open("wb") as out:
         api = subprocess.Popen(
             [sys.executable, "-m", "coldbrew", "api", "--app", "tests.apps:app"],
@@ -59,10 +58,18 @@ async def test_api_submits_and_long_polls_to_success(settings: Settings, tmp_pat
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+    base = f"http://127.0.0.1:{port}"
+    await wait_listening(base, api, log)
+    return api, base
+
+
+async def test_api_submits_and_long_polls_to_success(settings: Settings, tmp_path: Path) -> None:
+    """A job submitted over HTTP to `coldbrew api` is run by a `coldbrew worker` and long-polled
+    to succeeded; SIGTERM stops the API with exit 0."""
+    log = tmp_path / "api.log"
+    api, base = await start_api(settings, KEY, log)
     worker = None
     try:
-        base = f"http://127.0.0.1:{port}"
-        await wait_listening(base, api, log)
         worker = await start_worker_process(settings, tmp_path / "worker.log")
         auth = {"Authorization": f"Bearer {KEY}"}
         async with httpx.AsyncClient(base_url=base, headers=auth, timeout=30) as http:

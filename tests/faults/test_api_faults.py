@@ -14,8 +14,6 @@ import asyncio
 import itertools
 import json
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +22,9 @@ import httpx
 import pytest
 
 from coldbrew.settings import Settings
-from tests.conftest import free_port, make_settings
-from tests.e2e.test_api import tail, wait_listening
-from tests.e2e.test_cli import ROOT, cli_env, start_worker_process, stop_process, terminate
+from tests.conftest import make_settings
+from tests.e2e.test_api import start_api, tail
+from tests.e2e.test_cli import start_worker_process, stop_process, terminate
 from tests.faults.test_faults import postgres_restart, rabbitmqctl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -133,21 +131,10 @@ async def test_api_submissions_survive_database_and_broker_restarts(
         Path("/etc/postgresql").exists
     ):
         pytest.fail("this test restarts the local PostgreSQL and RabbitMQ")
-    port = free_port()
     log = tmp_path / "api.log"
-    env = cli_env(fault_settings, COLDBREW_API_KEYS=f"{KEY}:acme", COLDBREW_API_PORT=str(port))
-    with log.open("wb") as out:
-        api = subprocess.Popen(
-            [sys.executable, "-m", "coldbrew", "api", "--app", "tests.apps:app"],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    api, base = await start_api(fault_settings, KEY, log)
     worker = None
     try:
-        base = f"http://127.0.0.1:{port}"
-        await wait_listening(base, api, log)
         worker = await start_worker_process(fault_settings, tmp_path / "worker.log")
         seen, counter, stop = Submissions(), itertools.count(), asyncio.Event()
         async with httpx.AsyncClient(base_url=base, headers=AUTH, timeout=10) as http:
