@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -103,12 +104,11 @@ async def get_job(request: Request) -> Response:
     snapshot = Snapshot.of(await _owned_job(request, principal))
     client_has = request.headers.get("if-none-match")
     if wait > 0 and (client_has is None or if_none_match(client_has, snapshot.etag)):
-
-        async def fetch() -> JobRecord:
-            return await _owned_job(request, principal)
-
         snapshot = await wait_for_change(
-            fetch, snapshot, timeout=wait, gone=request.is_disconnected
+            partial(_owned_job, request, principal),
+            snapshot,
+            timeout=wait,
+            gone=request.is_disconnected,
         )
     headers = {"ETag": snapshot.etag, **NO_CACHE}
     if if_none_match(client_has, snapshot.etag):
@@ -135,9 +135,7 @@ async def job_events(request: Request) -> Response:
     principal = state.keys.authenticate(request)
     await _owned_job(request, principal)  # 404 before the stream starts, not inside it
     last = request.headers.get("last-event-id")
-
-    async def fetch() -> JobRecord:
-        return await _owned_job(request, principal)
+    fetch = partial(_owned_job, request, principal)
 
     async def stream() -> AsyncIterator[str]:
         yield "retry: 2000\n\n"
