@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from coldbrew.app import JobSpec
 from coldbrew.deliveries import Inbound
 from coldbrew.model import Envelope
+
+
+class Stop(enum.Enum):
+    """Why a running job is being stopped before it finished by itself."""
+
+    CANCELLED = "cancelled"
+    """Cancel requested (``coldbrew cancel``, ``DELETE /jobs/{id}``): recorded as cancelled."""
+    FENCED = "fenced"
+    """Its lease was lost: another attempt owns the row, nothing of this one is written."""
+    RELEASED = "released"
+    """The worker drains: the job is handed back to run again elsewhere at once."""
+
+
+Unwritten = Literal[Stop.FENCED, Stop.RELEASED]
+"""A stopped attempt that writes no outcome of its own."""
 
 
 @dataclass(slots=True)
@@ -30,7 +46,9 @@ class JobState:
     delivery: Delivery
     started: float
     progress: tuple[float | None, str | None] | None = None
-    stop_reason: str | None = None  # "cancelled: …", "fenced", "released"
+    stop: Stop | None = None
+    cancel_reason: str = ""
+    """With ``Stop.CANCELLED``: the reason given with the cancel request."""
     scope: asyncio.Timeout | None = None
     in_process: bool = False
 

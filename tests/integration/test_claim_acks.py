@@ -83,7 +83,7 @@ async def test_sync_claims_are_acked_at_the_claim(
     worker = await start_worker(claim_commit="sync", claim_barrier_seconds=60.0)
     queue, _ = await running_sleeper(client, settings, 6)
     await all_acked(queue, timeout=5)
-    assert worker._parts.runner.claim_acks is None
+    assert worker.parts.runner.claim_acks is None
 
 
 async def test_a_claim_lost_in_a_restart_is_requeued_and_the_job_runs_again(
@@ -95,7 +95,7 @@ async def test_a_claim_lost_in_a_restart_is_requeued_and_the_job_runs_again(
     worker = await start_worker(
         claim_commit="async", claim_barrier_seconds=1.0, heartbeat_seconds=1.9
     )
-    store = worker._parts.store
+    store = worker.parts.store
     real_barrier = store.durability_barrier
 
     async def after_a_restart() -> tuple[datetime, int]:

@@ -207,7 +207,7 @@ async def test_pool_timeout_and_crash_keep_the_pool(
     assert spun.status == "dead" and spun.error_kind == "timeout"
     crashed = await client.wait(crash.id, timeout=30)
     assert crashed.status == "dead" and crashed.error_kind == "crashed"
-    pool = worker._parts.runner.pool
+    pool = worker.parts.runner.pool
     await wait_until(lambda: _true(pool.alive == 2))
     again = await client.submit("cpu", {"n": 10})
     assert (await client.wait(again.id, timeout=30)).status == "succeeded"

@@ -20,7 +20,6 @@ from typing import Any
 
 import structlog
 
-from coldbrew.aio import sleep_unless
 from coldbrew.broker import Broker
 from coldbrew.deliveries import Inbound, settle
 from coldbrew.errors import BrokerUnavailable, ContractViolation, DatabaseUnavailable
@@ -28,6 +27,7 @@ from coldbrew.metrics import Metrics
 from coldbrew.model import split_routing_key
 from coldbrew.store import TENANTS_CHANGED, JobStore, JobTypeSettings, TenantSettings
 from coldbrew.topology import Topology
+from coldbrew.worker.service import sleep_unless
 
 log = structlog.get_logger("coldbrew.tenants")
 
@@ -41,9 +41,12 @@ OnCapFreed = Callable[[str, int], None]
 class TenantQueues:
     """Provisions tenant queues and keeps this worker consuming every one of its lanes."""
 
+    name = "tenant-watch"
+
     def __init__(
         self,
         *,
+        resync_seconds: float,
         store: JobStore,
         broker: Broker,
         topology: Topology,
@@ -53,6 +56,7 @@ class TenantQueues:
         on_settings: OnSettings | None = None,
         on_cap_freed: OnCapFreed | None = None,
     ) -> None:
+        self.resync_seconds = resync_seconds
         self.store = store
         self.broker = broker
         self.topology = topology
@@ -103,8 +107,9 @@ class TenantQueues:
             tenants = await self.store.list_tenants()
             self._on_settings(tenants, await self.store.list_job_types())
 
-    async def watch(self, stop: asyncio.Event, resync_seconds: float) -> None:
+    async def run(self, stop: asyncio.Event) -> None:
         """LISTEN for new queues; resync on every (re)connect and every ``resync_seconds``."""
+        resync_seconds = self.resync_seconds
         while not stop.is_set():
             try:
                 listening = self.store.listen(self.topology.tenant_channel, self._hinted.put_nowait)

@@ -43,11 +43,13 @@ from coldbrew.errors import (
     StaleWrite,
     TransientDatabaseError,
 )
-from coldbrew.jobstate import Delivery, InFlight, JobState
+from coldbrew.jobstate import Delivery, InFlight, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
 from coldbrew.procpool import ProcessPool
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest, ClaimResult, JobStore, Outcome, RawJSON
+from coldbrew.worker.lifecycle import Lifecycle
+from coldbrew.worker.service import until_available
 
 log = structlog.get_logger("coldbrew.runner")
 T = TypeVar("T")
@@ -65,8 +67,7 @@ class JobRunner:
         pool: ProcessPool | None,
         metrics: Metrics,
         inflight: InFlight,
-        is_stopping: Callable[[], bool],
-        on_db_health: Callable[[bool], None],
+        lifecycle: Lifecycle,
         breakers: Breakers | None = None,
     ) -> None:
         self.settings = settings
@@ -75,8 +76,7 @@ class JobRunner:
         self.pool = pool
         self.metrics = metrics
         self.inflight = inflight
-        self._is_stopping = is_stopping
-        self._on_db_health = on_db_health
+        self.lifecycle = lifecycle
         self._rand = random.Random()
         self._detached: set[asyncio.Task[Any]] = set()  # outcome writes waiting out an outage
         self.breakers = breakers
@@ -124,9 +124,9 @@ class JobRunner:
         handles.started.inc()
         self.metrics.jobs_in_flight.inc()
         try:
-            if self._is_stopping():  # claimed during the drain: hand it straight back
-                state.stop_reason = "released"
-                outcome: Outcome | str = "released"
+            if self.lifecycle.draining:  # claimed during the drain: hand it straight back
+                state.stop = Stop.RELEASED
+                outcome: Outcome | Unwritten = Stop.RELEASED
             else:
                 outcome = await self._run(state, claim)
             await self._record(state, outcome)
@@ -162,8 +162,8 @@ class JobRunner:
 
     # --- running --------------------------------------------------------------------
 
-    async def _run(self, state: JobState, claim: ClaimResult) -> Outcome | str:
-        """Run the job; return the outcome to write, or "fenced"/"released"."""
+    async def _run(self, state: JobState, claim: ClaimResult) -> Outcome | Unwritten:
+        """Run the job; return the outcome to write, or ``Stop.FENCED``/``Stop.RELEASED``."""
         delivery = state.delivery
         spec = delivery.spec
         timeout = claim.timeout
@@ -185,28 +185,28 @@ class JobRunner:
             else:
                 result = await self._run_in_pool(state, ctx, claim, timeout)
         except asyncio.CancelledError:
-            if state.stop_reason is None:
+            if state.stop is None:
                 raise
             return await self._stopped(state, ctx)
         except JobCancelled:
             return await self._stopped(state, ctx)
         except Exception as exc:  # noqa: BLE001 - a job's own exception is data, classified below
-            if state.stop_reason is not None:
+            if state.stop is not None:
                 return await self._stopped(state, ctx)
             return self._failure(state, claim, exc)
         return self._success(state, result)
 
     async def _run_coroutine(self, state: JobState, ctx: Context, timeout: float | None) -> Any:
-        if state.stop_reason is not None:
-            raise JobCancelled(state.stop_reason)
+        if state.stop is not None:
+            raise JobCancelled(state.stop.value)
         scope = asyncio.timeout(timeout)
         state.scope = scope
         try:
             async with scope:
                 return await state.delivery.spec.func(ctx, **state.delivery.args)
         except TimeoutError:
-            if state.stop_reason is not None:
-                raise JobCancelled(state.stop_reason) from None
+            if state.stop is not None:
+                raise JobCancelled(state.stop.value) from None
             if scope.expired():
                 raise JobTimeout(f"job ran past its timeout of {timeout:g} s") from None
             raise
@@ -228,11 +228,12 @@ class JobRunner:
         }
         return await self.pool.run(ctx.type, state.delivery.args, info, ctx, timeout=timeout)
 
-    def stop(self, state: JobState, reason: str) -> None:
-        """Stop a running job: cancelled by request, fenced, or released at shutdown."""
-        if state.stop_reason is not None:
+    def stop(self, state: JobState, why: Stop, reason: str = "") -> None:
+        """Stop a running job: cancelled by request (``reason``), fenced, or released."""
+        if state.stop is not None:
             return
-        state.stop_reason = reason
+        state.stop = why
+        state.cancel_reason = reason
         if state.in_process and self.pool is not None:
             self.pool.cancel(state.id)
         elif state.scope is not None:
@@ -243,7 +244,7 @@ class JobRunner:
     def _stop_lost(self, state: JobState) -> None:
         """A PostgreSQL restart lost (or another claim superseded) this job's claim."""
         if self.inflight.get(state.id) is state:
-            self.stop(state, "fenced")
+            self.stop(state, Stop.FENCED)
 
     async def settle_claim_acks(self, timeout: float) -> None:
         """The drain: settle the deliveries still waiting for their claims to be durable."""
@@ -254,15 +255,18 @@ class JobRunner:
         if self.claim_acks is not None:
             await self.claim_acks.close()
 
-    async def _stopped(self, state: JobState, ctx: Context) -> Outcome | str:
-        reason = state.stop_reason or "cancelled"
-        if reason in ("fenced", "released"):
-            return reason
+    async def _stopped(self, state: JobState, ctx: Context) -> Outcome | Unwritten:
+        if state.stop is Stop.FENCED:
+            return Stop.FENCED
+        if state.stop is Stop.RELEASED:
+            return Stop.RELEASED
+        # a cancel request's reason, or "cancelled" when the job raised JobCancelled itself
+        reason = state.cancel_reason if state.stop is Stop.CANCELLED else "cancelled"
         hook = state.delivery.spec.on_cancel
         if hook is not None:
             try:
                 async with asyncio.timeout(30):
-                    await hook(ctx, reason.removeprefix("cancelled: "))
+                    await hook(ctx, reason)
             except Exception as exc:  # noqa: BLE001 - a failing hook must not lose the cancel
                 log.warning("on_cancel_hook_failed", job_id=state.id, error=repr(exc))
         return Outcome(
@@ -270,7 +274,7 @@ class JobRunner:
             state.attempt,
             "cancelled",
             error_kind="cancelled",
-            error_message=reason.removeprefix("cancelled: "),
+            error_message=reason,
         )
 
     def _success(self, state: JobState, result: Any) -> Outcome:
@@ -326,22 +330,21 @@ class JobRunner:
 
     # --- recording ----------------------------------------------------------------
 
-    async def _record(self, state: JobState, outcome: Outcome | str) -> None:
+    async def _record(self, state: JobState, outcome: Outcome | Unwritten) -> None:
         delivery = state.delivery
         handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
         elapsed = time.monotonic() - state.started
-        if outcome == "fenced":
+        if outcome is Stop.FENCED:
             handles.finish("fenced", elapsed)
             self.metrics.fenced_writes.labels("complete").inc()
             return
-        if outcome == "released":  # the delivery is acked: the relay publishes it again
+        if outcome is Stop.RELEASED:  # the delivery is acked: the relay publishes it again
             await self._until_db_ok(
                 lambda: self.store.releases.submit((state.id, state.attempt, True)),
                 give_up_on_stop=False,
             )
             handles.finish("released", elapsed)
             return
-        assert isinstance(outcome, Outcome)
         if state.progress is not None:  # reported after the last flush: write it with the outcome
             outcome = dataclasses.replace(
                 outcome, progress=state.progress[0], progress_message=state.progress[1]
@@ -375,12 +378,12 @@ class JobRunner:
             future.add_done_callback(lambda done: self._retry_if_failed(outcome, done))
             raise
         except DatabaseUnavailable as exc:
-            self._on_db_health(False)
+            self.lifecycle.set_database_ok(False)
             log.warning("database_unavailable", error=str(exc), retry_in=0)
         except StaleWrite:
             return None
         else:
-            self._on_db_health(True)
+            self.lifecycle.set_database_ok(True)
             return written
         return await asyncio.shield(self._write_through_outage(outcome))
 
@@ -423,21 +426,27 @@ class JobRunner:
     async def _until_db_ok(
         self, op: Callable[[], Awaitable[T]], *, give_up_on_stop: bool = True
     ) -> T | None:
-        """Retry ``op`` while PostgreSQL is unreachable, holding the delivery meanwhile."""
-        delay = 0.2
-        while True:
+        """Retry ``op`` while PostgreSQL is unreachable, holding the delivery meanwhile.
+
+        None when the write was fenced (``StaleWrite``) or, with
+        ``give_up_on_stop``, when the worker drains during the outage.
+        """
+
+        async def attempt() -> T | None:
             try:
                 result = await op()
-            except DatabaseUnavailable as exc:
-                if not isinstance(exc, TransientDatabaseError):  # a conflict: up, just busy
-                    self._on_db_health(False)
-                if give_up_on_stop and self._is_stopping():
-                    return None
-                log.warning("database_unavailable", error=str(exc), retry_in=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
             except StaleWrite:
                 return None
-            self._on_db_health(True)
+            self.lifecycle.set_database_ok(True)
             return result
+
+        return await until_available(
+            attempt,
+            event="database_unavailable",
+            give_up=(lambda: self.lifecycle.draining) if give_up_on_stop else (lambda: False),
+            on_unavailable=self._unavailable,
+        )
+
+    def _unavailable(self, exc: Exception) -> None:
+        if not isinstance(exc, TransientDatabaseError):  # a conflict: up, just busy
+            self.lifecycle.set_database_ok(False)

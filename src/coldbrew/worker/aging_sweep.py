@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import Callable
@@ -14,6 +15,8 @@ from coldbrew.deliveries import Inbound
 from coldbrew.errors import BrokerUnavailable
 from coldbrew.metrics import Metrics
 from coldbrew.topology import Topology
+from coldbrew.worker.lifecycle import Lifecycle
+from coldbrew.worker.service import Periodic
 
 log = structlog.get_logger("coldbrew.sweeper")
 
@@ -22,37 +25,11 @@ RETURNED_MEMORY = 10_000
 Accept = Callable[[Inbound, float], None]
 
 
-class QueueSweeper:
-    """Sweeps the queues ``watch`` finds due; kept messages go to ``accept``.
+class SweepReturns:
+    """Ids of messages a sweep here handed back, so that their redelivery here is
+    counted as the sweep's, not as a broker redelivery (bounded, oldest dropped)."""
 
-    ``accept(message, arrived)`` takes a kept delivery with the monotonic
-    instant it counts as having arrived (the scheduler ages it from there).
-    """
-
-    def __init__(
-        self,
-        *,
-        watch: StarvationWatch,
-        broker: Broker,
-        topology: Topology,
-        metrics: Metrics,
-        accept: Accept,
-        is_closing: Callable[[], bool],
-        limit: int,
-        keep_max: int,
-        aging_seconds: float,
-    ) -> None:
-        self.watch = watch
-        self.broker = broker
-        self.topology = topology
-        self.metrics = metrics
-        self.accept = accept
-        self.is_closing = is_closing
-        self.limit = limit
-        self.keep_max = keep_max
-        self.aging_seconds = aging_seconds
-        # ids of messages this worker handed back, so that their redelivery here is
-        # counted as the sweep's, not as a broker redelivery (bounded, oldest dropped)
+    def __init__(self) -> None:
         self._returned: dict[str, None] = {}
 
     def returned_here(self, message_id: str | None) -> bool:
@@ -62,7 +39,7 @@ class QueueSweeper:
         del self._returned[message_id]
         return True
 
-    def _remember_returned(self, messages: list[Inbound]) -> None:
+    def remember(self, messages: list[Inbound]) -> None:
         for message in messages:
             if message.message_id is not None:
                 self._returned[message.message_id] = None
@@ -71,13 +48,54 @@ class QueueSweeper:
             for key in list(itertools.islice(self._returned, excess)):
                 del self._returned[key]
 
+
+class QueueSweeper:
+    """Sweeps the queues ``watch`` finds due; kept messages go to ``accept``.
+
+    ``accept(message, arrived)`` takes a kept delivery with the monotonic
+    instant it counts as having arrived (the scheduler ages it from there).
+    """
+
+    name = "aging-sweep"
+
+    def __init__(
+        self,
+        *,
+        watch: StarvationWatch,
+        broker: Broker,
+        topology: Topology,
+        metrics: Metrics,
+        accept: Accept,
+        returns: SweepReturns,
+        lifecycle: Lifecycle,
+        limit: int,
+        keep_max: int,
+        aging_seconds: float,
+    ) -> None:
+        self.watch = watch
+        self.broker = broker
+        self.topology = topology
+        self.metrics = metrics
+        self.accept = accept
+        self.returns = returns
+        self.lifecycle = lifecycle
+        self.limit = limit
+        self.keep_max = keep_max
+        self.aging_seconds = aging_seconds
+
+    async def run(self, stop: asyncio.Event) -> None:
+        # full_batch: never again at once, the due queues were all swept
+        window = self.watch.window
+        loop = Periodic(self.name, self.sweep_due, interval=window / 4, full_batch=1 << 30)
+        await loop.run(stop)
+
     async def sweep_due(self) -> int:
         """Sweep every queue that is due now; the number swept (``run_periodically`` step)."""
         if self.limit == 0:
             return 0
         due = self.watch.due(time.monotonic())
         for key in due:
-            if self.is_closing():
+            if self.lifecycle.draining:
                 break
             try:
                 await self._sweep(key)
@@ -101,13 +119,13 @@ class QueueSweeper:
             oldest=now - self.aging_seconds,
         )
         self.watch.swept(key, started, plan.cleared)
-        if self.is_closing():
+        if self.lifecycle.draining:
             await self.broker.requeue(sweep.messages)
             return
         for index, arrived in sorted(plan.keep.items()):
             self.accept(sweep.messages[index], arrived)
         back = [m for i, m in enumerate(sweep.messages) if i not in plan.keep]
-        self._remember_returned(back)
+        self.returns.remember(back)
         await self.broker.requeue(back)
         result = "kept" if plan.keep else ("empty" if not sweep.messages else "none_held_back")
         self.metrics.aging_sweeps.labels(result).inc()

@@ -1,0 +1,280 @@
+"""The intake: a delivery's route from the consumer callback to a running job.
+
+Read top to bottom, this is what happens to a delivery before the runner
+(runner.py) claims it:
+
+1. **hold** -- the consumer callback (or an aging sweep) hands it in; while
+   the worker drains it goes straight back to the broker;
+2. **parse** -- the contract checks (model.parse_envelope, the app's job
+   spec, the args model); a violation goes to the dead letters with its
+   reason, never into a job slot;
+3. **schedule** -- with a free slot and nothing else waiting it starts at
+   once, else it waits in the fair scheduler (weights, aging, paused
+   tenants) and, for capped tenants and types, behind the cap gate;
+4. **dispatch** -- while slots are free, the best eligible delivery is
+   launched as a task that runs ``JobRunner.process`` (claim -> run ->
+   fenced outcome -> settle) and tells the cap gate what became of it.
+
+A delivery held longer than ``hold_limit`` is handed back before RabbitMQ's
+consumer_timeout would close its channel (``return_stale``, called by the
+held-deliveries service). The drain hands every held delivery back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+
+from coldbrew.aging import StarvationWatch
+from coldbrew.app import App
+from coldbrew.caps import CapGate, Scope
+from coldbrew.deliveries import Inbound, settle, settle_soon
+from coldbrew.errors import ContractViolation, UnknownJobType
+from coldbrew.jobstate import Delivery
+from coldbrew.metrics import Metrics
+from coldbrew.model import parse_envelope
+from coldbrew.scheduler import TOP_CLASS, FairScheduler, Pending
+from coldbrew.settings import Settings
+from coldbrew.store import JobStore, JobTypeSettings, TenantSettings
+from coldbrew.worker.aging_sweep import SweepReturns
+from coldbrew.worker.dead_letters import DeadLetters
+from coldbrew.worker.lifecycle import Lifecycle
+from coldbrew.worker.runner import JobRunner
+
+log = structlog.get_logger("coldbrew.worker")
+
+
+class Intake:
+    """Holds parsed deliveries and starts them as job slots free up."""
+
+    def __init__(
+        self,
+        *,
+        app: App,
+        settings: Settings,
+        metrics: Metrics,
+        lifecycle: Lifecycle,
+        runner: JobRunner,
+        store: JobStore,
+        dead_letters: DeadLetters,
+        starvation: StarvationWatch,
+        sweep_returns: SweepReturns,
+        cap_listening: Callable[[], bool],
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        self.metrics = metrics
+        self.lifecycle = lifecycle
+        self.runner = runner
+        self.store = store
+        self.dead_letters = dead_letters
+        self.starvation = starvation
+        self.sweep_returns = sweep_returns
+        # COLDBREW_AGING_SECONDS bounds a priority-0 job's wait: it climbs one
+        # of the scheduler's ten classes per tenth of it, then is overdue.
+        self.scheduler: FairScheduler[Delivery] = FairScheduler(
+            aging_seconds=settings.aging_seconds / TOP_CLASS
+        )
+        self.caps = CapGate(
+            scheduler=self.scheduler,
+            aging_seconds=settings.aging_seconds / TOP_CLASS,
+            metrics=metrics,
+            dispatch=self.dispatch,
+            listening=cap_listening,
+        )
+        broker_timeout = settings.broker_consumer_timeout_seconds
+        # held deliveries are handed back before RabbitMQ's consumer_timeout would
+        # close the channel under them (SEMANTICS §1)
+        self.hold_limit = broker_timeout - 60.0 if broker_timeout > 120 else broker_timeout / 2
+        self.running = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._paused: frozenset[str] = frozenset()
+
+    # --- 1. hold ------------------------------------------------------------------
+
+    async def on_message(self, message: Inbound) -> None:
+        """Consumer callback of every tenant queue."""
+        if self.lifecycle.draining:
+            await settle(message, requeue=True)
+            return
+        self._hold(message, time.monotonic(), observe=True)
+
+    def accept_swept(self, message: Inbound, arrived: float) -> None:
+        """An aging sweep kept ``message``: it waits as if it had arrived at ``arrived``."""
+        if self.lifecycle.draining:
+            settle_soon(message, requeue=True)
+            return
+        self._hold(message, arrived, observe=False)
+
+    def _hold(self, message: Inbound, arrived: float, *, observe: bool) -> None:
+        try:
+            delivery = self._parse(message)
+        except ContractViolation as violation:
+            self.dead_letters.reject(message, violation)
+            return
+        env = delivery.envelope
+        if env.priority_clamped:
+            self.metrics.priority_clamped.inc()
+        if message.redelivered:
+            swept = self.sweep_returns.returned_here(message.message_id)
+            self.metrics.redeliveries.labels("aging_sweep" if swept else "broker_flag").inc()
+        if observe:  # a sweep's messages prove nothing about the queue's priority levels
+            self.starvation.observe((env.queue, env.tenant), env.priority, arrived)
+        self._schedule(Pending(env.tenant, env.priority, arrived, delivery))
+
+    # --- 2. parse -----------------------------------------------------------------
+
+    def _parse(self, message: Inbound) -> Delivery:
+        envelope = parse_envelope(
+            message.body,
+            routing_key=message.routing_key or "",
+            message_id=message.message_id,
+            headers=message.headers,
+            priority=message.priority,
+            max_body_bytes=self.settings.max_body_bytes,
+        )
+        try:
+            spec = self.app.get(envelope.type)
+        except UnknownJobType as exc:
+            raise ContractViolation("unknown_type", str(exc)) from None
+        return Delivery(message, envelope, spec, spec.validate_args(envelope.args))
+
+    # --- 3. schedule ----------------------------------------------------------------
+
+    def _schedule(self, pending: Pending[Delivery]) -> None:
+        if self._starts_at_once(pending):
+            self._launch(pending, ())
+        else:
+            self.scheduler.push(pending)
+            self.dispatch()
+
+    def _starts_at_once(self, pending: Pending[Delivery]) -> bool:
+        """Whether ``pending`` may skip the scheduler: a slot is free and nothing else waits.
+
+        Then the scheduler would pick it anyway; skipping its heaps saves
+        ~5% of a busy worker's CPU (bench/throughput.py profile). Such a
+        job is not charged to its tenant's fair share, which matters only
+        while others wait, and then this path is not taken.
+        """
+        return (
+            self.running < self.settings.concurrency
+            and not self.scheduler
+            and not self.lifecycle.draining
+            and not self.caps.active
+            and pending.tenant not in self._paused
+            and not self.caps.scopes(pending)
+        )
+
+    def apply_tenant_settings(
+        self, tenants: list[TenantSettings], types: list[JobTypeSettings]
+    ) -> None:
+        """Weights go to the scheduler; paused tenants are held; caps route claims."""
+        for tenant in tenants:
+            self.scheduler.set_weight(tenant.name, tenant.weight)
+            self.caps.set_weight(tenant.name, tenant.weight)
+        paused = frozenset(t.name for t in tenants if t.paused)
+        if paused != self._paused:
+            log.info("paused_tenants", tenants=sorted(paused))
+            self._paused = paused
+        tenant_caps = {t.name: t.max_running for t in tenants if t.max_running is not None}
+        type_caps = {t.name: t.max_running for t in types if t.max_running is not None}
+        if self.caps.set_caps(tenant_caps, type_caps):
+            log.info("fleet_caps", tenants=tenant_caps, types=type_caps)
+        self.dispatch()
+
+    def cap_freed_elsewhere(self, payload: str, pid: int) -> None:
+        """NOTIFY ``<ns>.caps`` (``tenant:x`` or ``type:y``): a place freed somewhere in the
+        fleet; the gate wakes whatever of that scope waits here."""
+        if self.store.is_own_backend(pid):
+            return  # our own completion: already woken here, after its commit
+        self.caps.freed_elsewhere(payload)
+
+    def _eligible(self, tenant: str) -> bool:
+        if tenant in self._paused:
+            return False
+        return not self.caps.blocked(("tenant", tenant))
+
+    # --- 4. dispatch ----------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        """Start jobs while there are free slots and held deliveries."""
+        limit = self.settings.concurrency
+        while self.running < limit and not self.lifecycle.draining:
+            pending = self.caps.take_held()
+            if pending is None:
+                eligible = self._eligible if self._paused or self.caps.active else None
+                pending = self.scheduler.pop(time.monotonic(), eligible)
+                if pending is None:
+                    return
+            scopes = self.caps.scopes(pending)
+            if scopes and not self._begin_capped_claim(pending, scopes):
+                continue
+            self._launch(pending, scopes)
+
+    def _begin_capped_claim(self, pending: Pending[Delivery], scopes: tuple[Scope, ...]) -> bool:
+        """Mark the claim of ``pending`` in flight for its scopes; False when one is blocked,
+        and then ``pending`` waits (a tenant's in the scheduler, a type's in its ``held``)."""
+        if not self._eligible(pending.tenant):  # a held type delivery whose tenant is held back
+            self.scheduler.push(pending)
+            return False
+        return self.caps.begin_claim(pending, scopes)
+
+    def _launch(self, pending: Pending[Delivery], scopes: tuple[Scope, ...]) -> None:
+        self.running += 1
+        task = asyncio.create_task(self._run_one(pending, scopes))
+        self.tasks.add(task)
+        task.add_done_callback(self._job_done)
+
+    async def _run_one(self, pending: Pending[Delivery], scopes: tuple[Scope, ...]) -> None:
+        if not scopes:
+            await self.runner.process(pending.payload)
+            return
+        try:
+            verdict = await self.runner.process(pending.payload, capped=True)
+        except BaseException:
+            self.caps.claim_over(pending)
+            raise
+        if verdict is not None and self.lifecycle.draining:  # the drain handed the others back
+            self.caps.claim_over(pending)
+            await settle(pending.payload.message, requeue=True)
+        elif verdict is not None:  # the cap had no room: hold it, not nack it
+            self.caps.park(pending, verdict)
+        else:  # it ran here (or was a duplicate): a place of its scopes may have freed
+            self.caps.job_done(pending, scopes, draining=self.lifecycle.draining)
+        self.dispatch()
+
+    def _job_done(self, task: asyncio.Task[None]) -> None:
+        self.running -= 1
+        self.tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("job_task_crashed", error=repr(exc), exc_info=exc)
+            self.lifecycle.die(exc)
+        self.dispatch()
+
+    # --- handing deliveries back ------------------------------------------------------
+
+    async def return_stale(self) -> int:
+        """Hand back deliveries held unclaimed for too long (a saturated worker, a full cap).
+
+        RabbitMQ's consumer_timeout would otherwise close the consuming
+        channel; requeued, they go to whichever worker has room, or come back.
+        """
+        cutoff = time.monotonic() - self.hold_limit
+        stale = self.scheduler.remove_where(lambda p: p.enqueued_at < cutoff)
+        stale.extend(self.caps.remove_held_where(lambda p: p.enqueued_at < cutoff))
+        for pending in stale:
+            self.metrics.held_requeued.inc()
+            await settle(pending.payload.message, requeue=True)
+        if stale:
+            log.info("held_deliveries_requeued", count=len(stale))
+        return len(stale)
+
+    async def return_all(self) -> None:
+        """The drain: every delivery that waits here goes back to the broker."""
+        waiting = self.scheduler.drain()
+        waiting.extend(self.caps.drain())
+        for pending in waiting:
+            await settle(pending.payload.message, requeue=True)
