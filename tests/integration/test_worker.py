@@ -290,7 +290,7 @@ async def test_new_tenant_is_provisioned_and_the_fleet_consumes_it(
     assert (await client.wait(job.id, timeout=20)).status == "succeeded"
     for worker in (first, second):
         await wait_until(
-            lambda w=worker: _true(("default", "brand-new") in w._consumed), timeout=10
+            lambda w=worker: _true(w.parts.consumers.consumes("default", "brand-new")), timeout=10
         )
     more = [await client.submit("echo", {"value": i}, tenant="brand-new") for i in range(20)]
     for job in more:

@@ -14,51 +14,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 
 import structlog
 from prometheus_client import CollectorRegistry
 
 from coldbrew.aging import StarvationWatch
 from coldbrew.app import App
-from coldbrew.breaker import Breakers
-from coldbrew.broker import Broker
 from coldbrew.caps import CapGate
-from coldbrew.errors import ConfigurationError, DatabaseUnavailable
+from coldbrew.errors import DatabaseUnavailable
 from coldbrew.jobstate import Delivery, InFlight, Stop
-from coldbrew.metrics import Metrics, MetricsServer
-from coldbrew.procpool import ProcessPool
+from coldbrew.metrics import Metrics
 from coldbrew.scheduler import FairScheduler
 from coldbrew.settings import Settings
-from coldbrew.stats import StatsSnapshot
-from coldbrew.store import JobStore
 from coldbrew.topology import Topology
-from coldbrew.worker.aging_sweep import QueueSweeper, SweepReturns
-from coldbrew.worker.dead_letters import DeadLetters
+from coldbrew.worker.aging_sweep import QueueSweeper
 from coldbrew.worker.health import DatabaseHealth
 from coldbrew.worker.heartbeat import Heartbeat
-from coldbrew.worker.intake import Intake
 from coldbrew.worker.lifecycle import Lifecycle
+from coldbrew.worker.parts import Parts, Shared, open_parts
 from coldbrew.worker.reaper import Reaper
 from coldbrew.worker.relay import Relay
-from coldbrew.worker.runner import JobRunner
 from coldbrew.worker.service import Periodic, Service
-from coldbrew.worker.tenant_watch import TenantQueues
 
 log = structlog.get_logger("coldbrew.worker")
-
-
-@dataclass(frozen=True, slots=True)
-class Parts:
-    """What ``run()`` opened and built; the services share these."""
-
-    store: JobStore
-    broker: Broker
-    runner: JobRunner
-    intake: Intake
-    tenants: TenantQueues
-    dead_letters: DeadLetters
-    stats: StatsSnapshot
 
 
 class Worker:
@@ -80,7 +58,6 @@ class Worker:
         self.metrics_port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._built: Parts | None = None
-        self._consumed: set[tuple[str, str]] = set()
 
     @property
     def parts(self) -> Parts:
@@ -122,12 +99,13 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         lifecycle = self.lifecycle
         async with AsyncExitStack() as stack:
-            await self._open(stack)
+            self._built = await open_parts(stack, self._shared())
+            self.metrics_port = self._built.metrics_port
             try:
                 async with asyncio.TaskGroup() as group:
                     for service in self.services():
                         group.create_task(service.run(lifecycle.services_stop), name=service.name)
-                    await self._consume_all()
+                    await self.parts.consumers.start(self.parts.tenants)
                     lifecycle.mark_ready()
                     log.info(
                         "worker_ready",
@@ -157,110 +135,6 @@ class Worker:
             task.result()
         if ready not in done:
             raise TimeoutError(f"the worker did not become ready within {timeout:g} s")
-
-    # --- start-up -------------------------------------------------------------------
-
-    async def _open(self, stack: AsyncExitStack) -> None:
-        settings = self.settings
-        store = await stack.enter_async_context(
-            JobStore.open(
-                settings.database_url, settings.namespace, pool_size=settings.db_pool_size
-            )
-        )
-        await store.check_schema()
-        store.configure_claims(
-            lease_seconds=settings.lease_seconds,
-            worker_id=settings.worker_id,
-            commit=settings.claim_commit,
-        )
-        broker = Broker(
-            settings.amqp_url,
-            self.topology,
-            name=f"coldbrew-worker:{settings.worker_id}",
-            heartbeat=settings.amqp_heartbeat_seconds,
-            consume_channels=settings.consume_channels,
-        )
-        await broker.connect(prefetch=settings.effective_prefetch)
-        stack.push_async_callback(broker.close)
-        pool = await self._open_pool(stack)
-        server = MetricsServer(  # port 0 picks a free port (tests, several workers per host)
-            settings.metrics_host,
-            settings.metrics_port,
-            self.metrics.registry,
-            is_healthy=self.lifecycle.health,
-            is_ready=self._readiness,
-        )
-        await stack.enter_async_context(server)
-        self.metrics_port = server.port
-        self._built = self._build(store, broker, pool)
-        stack.push_async_callback(self._built.runner.close)  # before the broker closes
-
-    async def _open_pool(self, stack: AsyncExitStack) -> ProcessPool | None:
-        """The process pool, when the app has plain-function jobs."""
-        settings = self.settings
-        if not self.app.needs_process_pool:
-            return None
-        pooled = sorted(s.name for s in self.app.jobs.values() if s.runs_in_process)
-        if settings.processes == 0:
-            raise ConfigurationError(
-                f"COLDBREW_PROCESSES is 0 but {', '.join(pooled)} run in the process pool"
-            )
-        if self.app.ref is None:
-            raise ConfigurationError(
-                "process-pool jobs need an app loaded by reference (coldbrew.app.load_app)"
-            )
-        pool = ProcessPool(settings.processes, self.app.ref)
-        await pool.start()
-        stack.push_async_callback(pool.close, settings.shutdown_grace_seconds)
-        return pool
-
-    def _build(self, store: JobStore, broker: Broker, pool: ProcessPool | None) -> Parts:
-        settings, metrics = self.settings, self.metrics
-        breakers = Breakers(
-            failure_threshold=settings.breaker_failure_threshold,
-            reset_seconds=settings.breaker_reset_seconds,
-            on_state=metrics.set_breaker_state,
-        )
-        runner = JobRunner(
-            settings=settings,
-            store=store,
-            broker=broker,
-            pool=pool,
-            metrics=metrics,
-            inflight=self.inflight,
-            lifecycle=self.lifecycle,
-            breakers=breakers,
-        )
-        metrics.watch_group_commits([store.claims, store.completions, store.releases])
-        stats = StatsSnapshot(store, max_tenants=settings.metrics_max_tenants)
-        stats.register(metrics)
-        dead_letters = DeadLetters(store, broker, metrics)
-        tenants: TenantQueues | None = None
-        intake = Intake(
-            app=self.app,
-            settings=settings,
-            metrics=metrics,
-            lifecycle=self.lifecycle,
-            runner=runner,
-            store=store,
-            dead_letters=dead_letters,
-            starvation=self.starvation,
-            sweep_returns=SweepReturns(),
-            cap_listening=lambda: tenants is not None and tenants.cap_listening,
-        )
-        store.on_capped_claim = intake.caps.capped_claim_done
-        tenants = TenantQueues(
-            resync_seconds=settings.tenant_resync_seconds,
-            store=store,
-            broker=broker,
-            topology=self.topology,
-            metrics=metrics,
-            on_queue=self._consume_tenant,
-            on_reject=dead_letters.reject,
-            on_settings=intake.apply_tenant_settings,
-            on_cap_freed=intake.cap_freed_elsewhere,
-        )
-        return Parts(store, broker, runner, intake, tenants, dead_letters, stats)
 
     def services(self) -> list[Service]:
         """Every background loop of this worker, each a file of this package."""
@@ -307,48 +181,17 @@ class Worker:
             parts.tenants,
         ]
 
-    async def _consume_all(self) -> None:
-        tenants = self.parts.tenants
-        for lane in self.lanes:
-            await tenants.ensure(lane, "default")
-        await tenants.sync()
-        await self.parts.broker.consume(
-            self.topology.unrouted_queue,
-            self.topology.unrouted_queue_arguments(),
-            tenants.on_unrouted,
+    def _shared(self) -> Shared:
+        return Shared(
+            app=self.app,
+            settings=self.settings,
+            topology=self.topology,
+            lanes=self.lanes,
+            metrics=self.metrics,
+            lifecycle=self.lifecycle,
+            inflight=self.inflight,
+            starvation=self.starvation,
         )
-
-    async def _consume_tenant(self, queue: str, tenant: str) -> None:
-        """Consume one (lane, tenant) queue if it is one of our lanes (idempotent)."""
-        if queue not in self.lanes or (queue, tenant) in self._consumed:
-            return
-        if self.lifecycle.draining:
-            return
-        self._consumed.add((queue, tenant))
-        try:
-            await self.parts.broker.consume(
-                self.topology.job_queue(queue, tenant),
-                self.topology.job_queue_arguments(),
-                self.parts.intake.on_message,
-            )
-        except BaseException:
-            self._consumed.discard((queue, tenant))
-            raise
-        log.info("consuming", queue=queue, tenant=tenant)
-
-    def _readiness(self) -> tuple[bool, str]:
-        lifecycle = self.lifecycle
-        if lifecycle.draining:
-            return False, "draining"
-        if not lifecycle.ready.is_set():
-            return False, "starting"
-        if self._built is None or not self._built.broker.connected:
-            return False, "RabbitMQ connection lost; reconnecting"
-        if not lifecycle.database_ok:
-            return False, "PostgreSQL unreachable"
-        if self._built.broker.consuming == 0:
-            return False, "not consuming any queue"
-        return True, "ok"
 
     # --- drain --------------------------------------------------------------------
 
