@@ -19,40 +19,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import json
 import random
 import time
-from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
-from coldbrew import retry
 from coldbrew.breaker import Breakers
 from coldbrew.broker import Broker
 from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.context import Context
 from coldbrew.deliveries import ack_soon, settle
 from coldbrew.errors import (
-    BrokerUnavailable,
-    DatabaseUnavailable,
     JobCancelled,
     JobTimeout,
-    StaleWrite,
-    TransientDatabaseError,
 )
 from coldbrew.jobstate import Delivery, InFlight, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
 from coldbrew.procpool import ProcessPool
 from coldbrew.settings import Settings
-from coldbrew.store import ClaimRequest, ClaimResult, JobStore, Outcome, RawJSON
+from coldbrew.store import ClaimRequest, ClaimResult, JobStore, Outcome
+from coldbrew.worker import outcomes
 from coldbrew.worker.lifecycle import Lifecycle
-from coldbrew.worker.service import until_available
+from coldbrew.worker.recorder import OutcomeWriter
 
 log = structlog.get_logger("coldbrew.runner")
-T = TypeVar("T")
 
 
 class JobRunner:
@@ -78,7 +69,9 @@ class JobRunner:
         self.inflight = inflight
         self.lifecycle = lifecycle
         self._rand = random.Random()
-        self._detached: set[asyncio.Task[Any]] = set()  # outcome writes waiting out an outage
+        self.writer = OutcomeWriter(
+            store=store, broker=broker, metrics=metrics, lifecycle=lifecycle
+        )
         self.breakers = breakers
         # COLDBREW_CLAIM_COMMIT=async: a delivery's ack waits until its claim is durable
         self.claim_acks: ClaimAcks | None = None
@@ -104,7 +97,7 @@ class JobRunner:
         message = delivery.message
         request = self._claim_request(delivery)
         claim_op = self.store.claim_capped if capped else self.store.claim
-        claim = await self._until_db_ok(lambda: claim_op(request))
+        claim = await self.writer.until_db_ok(lambda: claim_op(request))
         if claim is None:  # stopping while the database is away: let another worker have it
             await settle(message, requeue=True)
             return None
@@ -129,7 +122,7 @@ class JobRunner:
                 outcome: Outcome | Unwritten = Stop.RELEASED
             else:
                 outcome = await self._run(state, claim)
-            await self._record(state, outcome)
+            await self.writer.record(state, outcome)
         finally:
             self.inflight.remove(state)
             self.metrics.jobs_in_flight.dec()
@@ -153,7 +146,7 @@ class JobRunner:
         """The job is finished, held elsewhere, not due yet, or just ran out of attempts."""
         env = delivery.envelope
         if claim.status == "dead":
-            await self._publish_dead(delivery, "max_attempts", "retry budget spent at claim")
+            await self.writer.publish_dead(delivery, "max_attempts", "retry budget spent at claim")
         else:
             self.metrics.duplicate_deliveries.labels(env.queue).inc()
             self.metrics.redeliveries.labels("duplicate").inc()
@@ -193,8 +186,8 @@ class JobRunner:
         except Exception as exc:  # noqa: BLE001 - a job's own exception is data, classified below
             if state.stop is not None:
                 return await self._stopped(state, ctx)
-            return self._failure(state, claim, exc)
-        return self._success(state, result)
+            return outcomes.failed(state, claim, exc, settings=self.settings, rand=self._rand)
+        return outcomes.succeeded(state, result)
 
     async def _run_coroutine(self, state: JobState, ctx: Context, timeout: float | None) -> Any:
         if state.stop is not None:
@@ -269,184 +262,5 @@ class JobRunner:
                     await hook(ctx, reason)
             except Exception as exc:  # noqa: BLE001 - a failing hook must not lose the cancel
                 log.warning("on_cancel_hook_failed", job_id=state.id, error=repr(exc))
-        return Outcome(
-            state.id,
-            state.attempt,
-            "cancelled",
-            error_kind="cancelled",
-            error_message=reason,
-        )
+        return outcomes.cancelled(state, reason)
 
-    def _success(self, state: JobState, result: Any) -> Outcome:
-        try:
-            encoded = RawJSON(json.dumps(result))
-        except (TypeError, ValueError) as exc:
-            return Outcome(
-                state.id,
-                state.attempt,
-                "failed",
-                error_kind="unserializable_result",
-                error_message=f"the job's return value is not JSON: {exc}",
-            )
-        return Outcome(state.id, state.attempt, "succeeded", result=encoded)
-
-    def _failure(self, state: JobState, claim: ClaimResult, exc: Exception) -> Outcome:
-        spec = state.delivery.spec
-        policy = retry.RetryPolicy(
-            max_attempts=claim.max_attempts,
-            base=self.settings.retry_base_seconds,
-            cap=self.settings.retry_max_seconds,
-            max_wall_seconds=spec.max_wall_seconds,
-            retry_on=spec.retry_on,
-            dont_retry_on=spec.dont_retry_on,
-        )
-        decision = retry.decide(
-            policy,
-            exc,
-            attempt=state.attempt,
-            first_started_at=claim.started_at,
-            now=datetime.now(UTC),
-            rand=self._rand.random,
-        )
-        log.info(
-            "job_failed",
-            job_id=state.id,
-            type=spec.name,
-            attempt=state.attempt,
-            error_kind=decision.error_kind,
-            error=decision.error_message,
-            next_status=str(decision.status),
-            retry_in=round(decision.delay, 3),
-        )
-        return Outcome(
-            state.id,
-            state.attempt,
-            str(decision.status),
-            error_kind=decision.error_kind,
-            error_message=decision.error_message,
-            delay=decision.delay,
-            dead_reason=decision.reason,
-        )
-
-    # --- recording ----------------------------------------------------------------
-
-    async def _record(self, state: JobState, outcome: Outcome | Unwritten) -> None:
-        delivery = state.delivery
-        handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
-        elapsed = time.monotonic() - state.started
-        if outcome is Stop.FENCED:
-            handles.finish("fenced", elapsed)
-            self.metrics.fenced_writes.labels("complete").inc()
-            return
-        if outcome is Stop.RELEASED:  # the delivery is acked: the relay publishes it again
-            await self._until_db_ok(
-                lambda: self.store.releases.submit((state.id, state.attempt, True)),
-                give_up_on_stop=False,
-            )
-            handles.finish("released", elapsed)
-            return
-        if state.progress is not None:  # reported after the last flush: write it with the outcome
-            outcome = dataclasses.replace(
-                outcome, progress=state.progress[0], progress_message=state.progress[1]
-            )
-            state.progress = None
-        written = await self._complete(outcome)
-        if not written:
-            self.metrics.fenced_writes.labels("complete").inc()
-            handles.finish("fenced", elapsed)
-            log.warning("outcome_fenced", job_id=state.id, attempt=state.attempt)
-        else:
-            handles.finish(outcome.status, elapsed)  # type: ignore[arg-type]
-            if outcome.status == "retrying":
-                handles.retries.inc()
-            elif outcome.status == "dead":
-                await self._publish_dead(
-                    delivery, outcome.dead_reason or "dead", outcome.error_message or ""
-                )
-        log.debug("job_finished", job_id=state.id, status=outcome.status, seconds=round(elapsed, 4))
-
-    async def _complete(self, outcome: Outcome) -> bool | None:
-        """Write the outcome; cancelling the job's task (a drain) must not drop the write.
-
-        The usual case costs one shielded future; only a database outage
-        starts a task, which retries until the write lands.
-        """
-        future = self.store.complete_soon(outcome)
-        try:
-            written = await asyncio.shield(future)
-        except asyncio.CancelledError:  # the write goes on; if it fails, retry it detached
-            future.add_done_callback(lambda done: self._retry_if_failed(outcome, done))
-            raise
-        except DatabaseUnavailable as exc:
-            self.lifecycle.set_database_ok(False)
-            log.warning("database_unavailable", error=str(exc), retry_in=0)
-        except StaleWrite:
-            return None
-        else:
-            self.lifecycle.set_database_ok(True)
-            return written
-        return await asyncio.shield(self._write_through_outage(outcome))
-
-    def _retry_if_failed(self, outcome: Outcome, done: asyncio.Future[bool]) -> None:
-        if done.cancelled() or not isinstance(done.exception(), DatabaseUnavailable):
-            return  # written, fenced, or shut down with the store
-        self._write_through_outage(outcome)
-
-    def _write_through_outage(self, outcome: Outcome) -> asyncio.Task[bool | None]:
-        """A supervised task that retries the outcome's write until PostgreSQL answers."""
-        task = asyncio.create_task(
-            self._until_db_ok(lambda: self.store.complete(outcome), give_up_on_stop=False),
-            name=f"complete:{outcome.id}",
-        )
-        self._detached.add(task)
-        task.add_done_callback(self._detached_done)
-        return task
-
-    def _detached_done(self, task: asyncio.Task[Any]) -> None:
-        self._detached.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("outcome_write_failed", task=task.get_name(), error=repr(exc), exc_info=exc)
-
-    async def _publish_dead(self, delivery: Delivery, reason: str, detail: str) -> None:
-        """A copy of a dead job on ``<ns>.dead`` for RabbitMQ-native tools (best effort)."""
-        self.metrics.dead_letters.labels(reason).inc()
-        message = delivery.message
-        try:
-            await self.broker.publish_dead(
-                message.body,
-                reason=reason,
-                detail=detail,
-                headers=message.headers or {},
-                message_id=delivery.envelope.job_id,
-                original_routing_key=message.routing_key or "",
-            )
-        except BrokerUnavailable as exc:
-            log.warning("dead_copy_not_published", job_id=delivery.envelope.job_id, error=str(exc))
-
-    async def _until_db_ok(
-        self, op: Callable[[], Awaitable[T]], *, give_up_on_stop: bool = True
-    ) -> T | None:
-        """Retry ``op`` while PostgreSQL is unreachable, holding the delivery meanwhile.
-
-        None when the write was fenced (``StaleWrite``) or, with
-        ``give_up_on_stop``, when the worker drains during the outage.
-        """
-
-        async def attempt() -> T | None:
-            try:
-                result = await op()
-            except StaleWrite:
-                return None
-            self.lifecycle.set_database_ok(True)
-            return result
-
-        return await until_available(
-            attempt,
-            event="database_unavailable",
-            give_up=(lambda: self.lifecycle.draining) if give_up_on_stop else (lambda: False),
-            on_unavailable=self._unavailable,
-        )
-
-    def _unavailable(self, exc: Exception) -> None:
-        if not isinstance(exc, TransientDatabaseError):  # a conflict: up, just busy
-            self.lifecycle.set_database_ok(False)

@@ -1,0 +1,92 @@
+"""What a finished attempt writes: its outcome, built from the job's result or exception.
+
+Pure: no I/O. A job's return value becomes ``succeeded`` with its JSON, or a
+permanent failure when it is not JSON; an exception is classified by the
+retry policy (retry.py) into ``retrying`` with a delay, ``failed`` or
+``dead``; a cancel becomes ``cancelled`` with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from coldbrew import retry
+from coldbrew.jobstate import JobState
+from coldbrew.settings import Settings
+from coldbrew.store import ClaimResult, Outcome, RawJSON
+
+log = structlog.get_logger("coldbrew.runner")
+
+
+def succeeded(state: JobState, result: Any) -> Outcome:
+    """The outcome of a job that returned ``result``."""
+    try:
+        encoded = RawJSON(json.dumps(result))
+    except (TypeError, ValueError) as exc:
+        return Outcome(
+            state.id,
+            state.attempt,
+            "failed",
+            error_kind="unserializable_result",
+            error_message=f"the job's return value is not JSON: {exc}",
+        )
+    return Outcome(state.id, state.attempt, "succeeded", result=encoded)
+
+
+def cancelled(state: JobState, reason: str) -> Outcome:
+    """The outcome of a job stopped by a cancel request (or raising ``JobCancelled``)."""
+    return Outcome(
+        state.id, state.attempt, "cancelled", error_kind="cancelled", error_message=reason
+    )
+
+
+def failed(
+    state: JobState,
+    claim: ClaimResult,
+    exc: Exception,
+    *,
+    settings: Settings,
+    rand: random.Random,
+) -> Outcome:
+    """The outcome of a job that raised ``exc``: retried, failed or dead, per its policy."""
+    spec = state.delivery.spec
+    policy = retry.RetryPolicy(
+        max_attempts=claim.max_attempts,
+        base=settings.retry_base_seconds,
+        cap=settings.retry_max_seconds,
+        max_wall_seconds=spec.max_wall_seconds,
+        retry_on=spec.retry_on,
+        dont_retry_on=spec.dont_retry_on,
+    )
+    decision = retry.decide(
+        policy,
+        exc,
+        attempt=state.attempt,
+        first_started_at=claim.started_at,
+        now=datetime.now(UTC),
+        rand=rand.random,
+    )
+    log.info(
+        "job_failed",
+        job_id=state.id,
+        type=spec.name,
+        attempt=state.attempt,
+        error_kind=decision.error_kind,
+        error=decision.error_message,
+        next_status=str(decision.status),
+        retry_in=round(decision.delay, 3),
+    )
+    return Outcome(
+        state.id,
+        state.attempt,
+        str(decision.status),
+        error_kind=decision.error_kind,
+        error_message=decision.error_message,
+        delay=decision.delay,
+        dead_reason=decision.reason,
+    )
