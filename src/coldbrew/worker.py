@@ -215,8 +215,14 @@ class Worker:
             raise ConfigurationError(
                 "process-pool jobs need an app loaded by reference (coldbrew.app.load_app)"
             )
-        pool = ProcessPool(settings.processes, self.app.ref)
+        pool = ProcessPool(
+            settings.processes,
+            self.app.ref,
+            max_memory_mb=settings.process_max_memory_mb,
+            max_jobs=settings.process_max_jobs,
+        )
         await pool.start()
+        self.metrics.watch_process_pool(pool)
         stack.push_async_callback(pool.close, settings.shutdown_grace_seconds)
         return pool
 
