@@ -22,6 +22,8 @@ progress to stderr; everything created is removed, on errors and Ctrl-C too.
 
     python bench/procpool.py                 # 400 jobs x 3 rounds, P = cores
     python bench/procpool.py --quick         # 60 jobs, 1 round
+    python bench/procpool.py --process-max-memory-mb 2048 --process-max-jobs 1000
+                                             # the pool and the worker with both limits on
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ class PoolConfig:
     repeat: int
     direct: bool
     profile_dir: Path | None = None
+    max_memory_mb: int = 0
+    """``ProcessPool(max_memory_mb=)`` and the worker's ``COLDBREW_PROCESS_MAX_MEMORY_MB``."""
+    max_jobs: int = 0
+    """``ProcessPool(max_jobs=)`` and the worker's ``COLDBREW_PROCESS_MAX_JOBS``."""
 
 
 @dataclass
@@ -193,7 +199,9 @@ class NullHost:
 
 async def run_pool(cfg: PoolConfig, index: int) -> SideRun:
     """coldbrew's ``ProcessPool`` alone, from this process's event loop (uvloop, as the worker)."""
-    pool = ProcessPool(cfg.processes, APP_REF)
+    pool = ProcessPool(
+        cfg.processes, APP_REF, max_memory_mb=cfg.max_memory_mb, max_jobs=cfg.max_jobs
+    )
     await pool.start()
     try:
         pids = pool.pids
@@ -233,6 +241,8 @@ async def run_coldbrew(cfg: PoolConfig, index: int, *, profile: bool = False) ->
         "COLDBREW_PROCESSES": str(cfg.processes),
         "COLDBREW_CONCURRENCY": str(cfg.concurrency),
         "COLDBREW_LOG_LEVEL": "warning",
+        "COLDBREW_PROCESS_MAX_MEMORY_MB": str(cfg.max_memory_mb),
+        "COLDBREW_PROCESS_MAX_JOBS": str(cfg.max_jobs),
     }
     async with namespace_for(cfg.base, label) as namespace:
         await declare_default_queue(cfg.base.amqp_url, namespace)
@@ -381,6 +391,8 @@ def summarize(
             "burn_ms": burn_ms,
             "concurrency": cfg.concurrency,
             "repeat": cfg.repeat,
+            "process_max_memory_mb": cfg.max_memory_mb,
+            "process_max_jobs": cfg.max_jobs,
         },
         "machine": machine,
         "sides": {name: side(results) for name, results in runs.items()},
@@ -405,7 +417,8 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"coldbrew process pool: {cfg['jobs']:,} CPU-bound jobs (burn n={cfg['n']:,}, "
         f"{cfg['burn_ms']:.1f} ms each) on {cfg['processes']} processes, {cfg['repeat']} rounds; "
-        f"worker concurrency {cfg['concurrency']}",
+        f"worker concurrency {cfg['concurrency']}; pool limits: max memory "
+        f"{cfg['process_max_memory_mb'] or 'off'} MB, max jobs {cfg['process_max_jobs'] or 'off'}",
         f"coldbrew {machine.get('coldbrew_commit') or '?'}{dirty}; {machine['nproc']} x "
         f"{machine['cpu_model']}, {machine['ram_gib']} GiB; RabbitMQ {machine['rabbitmq']}, "
         f"PostgreSQL {machine['postgresql']}, Python {machine['python']}",
@@ -474,6 +487,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--repeat", type=int, help="rounds of all sides (3; --quick 1)")
     parser.add_argument("--no-direct", action="store_true", help="skip the direct ProcessPool side")
+    parser.add_argument(
+        "--process-max-memory-mb",
+        type=int,
+        default=0,
+        help="per-child memory limit of the pool and the worker (0: off, the default)",
+    )
+    parser.add_argument(
+        "--process-max-jobs",
+        type=int,
+        default=0,
+        help="recycle each pool child after this many jobs (0: never, the default)",
+    )
     parser.add_argument("--quick", action="store_true", help="a small, fast run for development")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
@@ -486,6 +511,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.repeat = args.repeat or (1 if args.quick else 3)
     if min(args.jobs, args.repeat, args.processes, args.n, args.concurrency) < 1:
         parser.error("--jobs, --repeat, --processes, --n and --concurrency must be positive")
+    if min(args.process_max_memory_mb, args.process_max_jobs) < 0:
+        parser.error("--process-max-memory-mb and --process-max-jobs must be 0 (off) or more")
     return args
 
 
@@ -504,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
             repeat=args.repeat,
             direct=not args.no_direct,
             profile_dir=args.profile,
+            max_memory_mb=args.process_max_memory_mb,
+            max_jobs=args.process_max_jobs,
         )
 
     return run_main(

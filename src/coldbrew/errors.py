@@ -115,5 +115,28 @@ class WorkerCrashed(ColdbrewError):
     """The process running a job died; retryable."""
 
 
+class MemoryLimitExceeded(WorkerCrashed):
+    """A process-pool child went over ``COLDBREW_PROCESS_MAX_MEMORY_MB`` and was killed; retryable.
+
+    A ``WorkerCrashed``: the attempt's process died (the pool killed it), so
+    every rule about crashed attempts applies. Its own error kind,
+    ``memory``, tells an operator which limit to look at; ``limit_bytes``
+    and ``rss_bytes`` are the limit and the resident size measured.
+    """
+
+    def __init__(self, message: str, *, limit_bytes: int = 0, rss_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.limit_bytes = limit_bytes
+        self.rss_bytes = rss_bytes
+
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickle with the keyword fields (``Exception`` pickles ``args`` only)."""
+        return (_memory_limit_exceeded, (str(self), self.limit_bytes, self.rss_bytes))
+
+
+def _memory_limit_exceeded(message: str, limit_bytes: int, rss_bytes: int) -> MemoryLimitExceeded:
+    return MemoryLimitExceeded(message, limit_bytes=limit_bytes, rss_bytes=rss_bytes)
+
+
 class JobCancelled(ColdbrewError):
     """The job was cancelled on request."""

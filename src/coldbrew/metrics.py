@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -28,6 +28,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from coldbrew.batching import GroupCommit
 from coldbrew.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from coldbrew.procpool import ProcessPool
 
 __all__ = [
     "BREAKER_STATES",
@@ -301,6 +304,29 @@ class Metrics:
             ["writer"],
             lambda: [((b.name,), b.items) for b in writers],
             counter=True,
+        )
+
+    def watch_process_pool(self, pool: ProcessPool) -> None:
+        """Process-pool children replaced, by reason, read from the pool's counts at scrape time.
+
+        ``memory``: killed over ``COLDBREW_PROCESS_MAX_MEMORY_MB``; ``max_jobs``:
+        recycled after ``COLDBREW_PROCESS_MAX_JOBS``; ``timeout``, ``cancelled``:
+        killed to stop their job; ``crashed``: died on their own. Every reason
+        is reported from the start, so rate() sees the first one.
+        """
+        self.add_scrape_callback(
+            "coldbrew_pool_children_replaced",
+            "Process-pool children replaced by a fresh one, by reason (memory: over "
+            "COLDBREW_PROCESS_MAX_MEMORY_MB; max_jobs: recycled; timeout; cancelled; crashed).",
+            ["reason"],
+            lambda: [((reason,), count) for reason, count in pool.replaced.items()],
+            counter=True,
+        )
+        self.add_scrape_callback(
+            "coldbrew_pool_children",
+            "Process-pool children able to take jobs.",
+            [],
+            lambda: [((), pool.alive)],
         )
 
 

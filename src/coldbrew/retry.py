@@ -9,7 +9,9 @@ Rules, first match wins (DESIGN guarantee 4, "bounded poison"):
 1. ``JobCancelled`` is not a failure; the caller handles it (``ValueError``).
 2. ``Permanent``, or an instance of ``dont_retry_on`` -> ``failed`` at once.
 3. coldbrew's own retry signals -- ``Retry``, ``JobTimeout``,
-   ``WorkerCrashed`` -- are retryable whatever ``retry_on`` says:
+   ``WorkerCrashed`` (and its ``MemoryLimitExceeded``: a pool child killed
+   for going over ``COLDBREW_PROCESS_MAX_MEMORY_MB``, kind ``memory``) --
+   are retryable whatever ``retry_on`` says:
    ``retry_on`` describes the job's own exceptions, and a user who lists
    ``(httpx.HTTPError,)`` does not mean "never retry a crashed process".
 4. any other exception not an instance of ``retry_on`` -> ``failed``.
@@ -41,7 +43,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from coldbrew.errors import JobCancelled, JobTimeout, Permanent, Retry, WorkerCrashed
+from coldbrew.errors import (
+    JobCancelled,
+    JobTimeout,
+    MemoryLimitExceeded,
+    Permanent,
+    Retry,
+    WorkerCrashed,
+)
 
 __all__ = [
     "MAX_ERROR_MESSAGE",
@@ -60,10 +69,12 @@ MAX_ERROR_MESSAGE = 2000
 _MAX_EXPONENT = 1023
 
 # Stable error kinds for coldbrew's own exceptions (part of the status JSON).
+# First match wins: a subclass comes before its base.
 _OWN_KINDS: tuple[tuple[type[BaseException], str], ...] = (
     (Permanent, "permanent"),
     (Retry, "retry_requested"),
     (JobTimeout, "timeout"),
+    (MemoryLimitExceeded, "memory"),
     (WorkerCrashed, "crashed"),
     (JobCancelled, "cancelled"),
 )

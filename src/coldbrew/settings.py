@@ -117,6 +117,11 @@ class Settings(BaseSettings):
     processes: Annotated[int, Field(ge=0, le=1024)] = Field(
         default_factory=lambda: os.cpu_count() or 1
     )
+    # 0 = no limit / never recycle: what a pool child may need depends on the
+    # jobs (a thumbnail, a 4K transcode), so any fixed default would either kill
+    # legitimate jobs after an upgrade or be too large to protect anything.
+    process_max_memory_mb: Annotated[int, Field(ge=0, le=16 * 1024 * 1024)] = 0
+    process_max_jobs: Annotated[int, Field(ge=0, le=1_000_000_000)] = 0
     prefetch: Annotated[int, Field(ge=0, le=65_535)] = 0
     consume_channels: Annotated[int, Field(ge=1, le=1024)] = 64
     queues: Annotated[list[str], NoDecode] = Field(default_factory=list)

@@ -103,3 +103,44 @@ def stamp(ctx: Any, label: str) -> tuple[str, int]:
 @app.job()
 def echo(ctx: Any, payload: bytes) -> bytes:
     return payload
+
+
+_held: list[bytearray] = []  # memory a job leaves behind in its child, on purpose
+
+
+def _allocate(mb: int, chunk_mb: int, pause: float) -> list[bytearray]:
+    """``mb`` MB in chunks whose every page is written, so the resident size really grows.
+
+    ``bytearray(n)`` alone would map zero pages that count for nothing until
+    touched; repeating a one-byte array writes every byte. ``pause`` between
+    chunks caps the rate on a fast machine, so a limit is seen well before
+    the total.
+    """
+    chunks = []
+    for _ in range(0, mb, chunk_mb):
+        chunks.append(bytearray(b"\x01") * (chunk_mb * 1024 * 1024))
+        time.sleep(pause)
+    return chunks
+
+
+@app.job()
+def allocate(
+    ctx: Any, mb: int, chunk_mb: int = 16, pause: float = 0.005, keep: bool = False
+) -> dict[str, int]:
+    """Hold ``mb`` MB of touched memory; with ``keep`` leave it allocated in the child."""
+    chunks = _allocate(mb, chunk_mb, pause)
+    if keep:
+        _held.extend(chunks)
+    return {"pid": os.getpid(), "mb": len(chunks) * chunk_mb}
+
+
+@app.job()
+def allocate_later(ctx: Any, mb: int, delay: float) -> int:
+    """Return at once; ``delay`` s later a thread in the (then idle) child allocates ``mb`` MB."""
+
+    def grow() -> None:
+        time.sleep(delay)
+        _held.extend(_allocate(mb, 16, 0.005))
+
+    threading.Thread(target=grow, name="leak", daemon=True).start()
+    return os.getpid()

@@ -8,7 +8,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from coldbrew.errors import JobCancelled, JobTimeout, Permanent, Retry, WorkerCrashed
+from coldbrew.errors import (
+    JobCancelled,
+    JobTimeout,
+    MemoryLimitExceeded,
+    Permanent,
+    Retry,
+    WorkerCrashed,
+)
 from coldbrew.retry import (
     MAX_ERROR_MESSAGE,
     Outcome,
@@ -154,8 +161,10 @@ def test_policy_validates_its_fields(kwargs: dict[str, object]) -> None:
         (Retry(delay=float("inf")), policy(), "retrying", "retry_requested", 4.0),
         (JobTimeout("too slow"), policy(), "retrying", "timeout", 4.0),
         (WorkerCrashed("sigkill"), policy(), "retrying", "crashed", 4.0),
+        (MemoryLimitExceeded("600 MB > 256 MB"), policy(), "retrying", "memory", 4.0),
         # coldbrew's own signals are retried even when retry_on names only job errors
         (JobTimeout("t"), policy(retry_on=(Flaky,)), "retrying", "timeout", 4.0),
+        (MemoryLimitExceeded("m"), policy(retry_on=(Flaky,)), "retrying", "memory", 4.0),
         (Retry(delay=1), policy(retry_on=(Flaky,)), "retrying", "retry_requested", 1.0),
         # ...unless declared non-retryable explicitly
         (JobTimeout("t"), policy(dont_retry_on=(JobTimeout,)), "failed", "timeout", 0.0),
@@ -177,7 +186,14 @@ def test_retry_with_delay_is_not_capped_by_policy() -> None:
 
 
 @pytest.mark.parametrize(
-    "exc", [ValueError("x"), Retry(delay=1), JobTimeout("t"), WorkerCrashed("c")]
+    "exc",
+    [
+        ValueError("x"),
+        Retry(delay=1),
+        JobTimeout("t"),
+        WorkerCrashed("c"),
+        MemoryLimitExceeded("m"),
+    ],
 )
 def test_last_attempt_is_dead_with_reason(exc: BaseException) -> None:
     """A retryable failure on attempt max_attempts is dead with reason max_attempts."""

@@ -149,8 +149,14 @@ async def _open_pool(stack: AsyncExitStack, shared: Shared) -> ProcessPool | Non
         raise ConfigurationError(
             "process-pool jobs need an app loaded by reference (coldbrew.app.load_app)"
         )
-    pool = ProcessPool(settings.processes, app.ref)
+    pool = ProcessPool(
+        settings.processes,
+        app.ref,
+        max_memory_mb=settings.process_max_memory_mb,
+        max_jobs=settings.process_max_jobs,
+    )
     await pool.start()
+    shared.metrics.watch_process_pool(pool)
     stack.push_async_callback(pool.close, settings.shutdown_grace_seconds)
     return pool
 
