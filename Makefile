@@ -41,12 +41,14 @@ test: bootstrap services ## run the test suite (TESTS, PYTEST_ARGS)
 	fi; \
 	exit "$$rc"
 
-lint: bootstrap ## ruff check and mypy (strict)
+lint: bootstrap ## ruff check, mypy (strict) and the import-linter layer contracts
 	@rc=0; \
 	echo "$(VENV)/bin/ruff check $(wildcard src tests bench)"; \
 	$(VENV)/bin/ruff check $(wildcard src tests bench) || rc=1; \
 	echo "$(VENV)/bin/mypy src"; \
 	$(VENV)/bin/mypy src || rc=1; \
+	echo "$(VENV)/bin/lint-imports"; \
+	$(VENV)/bin/lint-imports --no-cache || rc=1; \
 	exit "$$rc"
 
 bench: ## run the benchmarks (bench/run_all.py, else bench/throughput.py; BENCH_ARGS)
