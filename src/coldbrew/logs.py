@@ -149,10 +149,11 @@ def _tail(fmt: LogFormat) -> list[Processor]:
             structlog.processors.JSONRenderer(),
         ]
     colors = sys.stderr.isatty()
-    # ConsoleRenderer renders exc_info itself (prettier than format_exc_info);
-    # a throwaway instance tells us which formatter it would pick for `colors`.
-    base = structlog.dev.ConsoleRenderer(colors=colors).exception_formatter
-    renderer = structlog.dev.ConsoleRenderer(colors=colors, exception_formatter=_redacting(base))
+    # A plain traceback, whatever else is installed: structlog would pick rich's
+    # formatter when rich is importable, and that prints every frame's locals
+    # (secrets that are not URLs included) and differs from machine to machine.
+    formatter = _redacting(structlog.dev.plain_traceback)
+    renderer = structlog.dev.ConsoleRenderer(colors=colors, exception_formatter=formatter)
     return [redact_secrets, renderer]
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 
 from coldbrew.settings import Settings
-from tests.conftest import free_port
 from tests.e2e.test_cli import (
     ROOT,
     cli_env,
@@ -21,6 +20,7 @@ from tests.e2e.test_cli import (
     stop_process,
     terminate,
 )
+from tests.helpers import free_port
 
 KEY = "e2e-key-0123456789abcdef"
 

@@ -18,7 +18,7 @@ import pytest
 
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.conftest import free_port, make_settings, new_namespace, wait_until, worker_env
+from tests.helpers import free_port, make_settings, new_namespace, wait_until, worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 STATUS_KEYS = {

@@ -12,8 +12,8 @@ import asyncpg
 
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.conftest import DATABASE_URL, make_settings, wait_until
 from tests.e2e.test_cli import WorkerProcess, get, start_worker_process, stop_process
+from tests.helpers import DATABASE_URL, make_settings, wait_until
 
 GRACE = 2.0
 LEASE = 30.0  # a lease-based recovery would take this long: the hand-over must not

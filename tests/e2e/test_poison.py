@@ -12,7 +12,7 @@ import pytest
 from coldbrew.app import load_app
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.conftest import free_port, make_settings, worker_env
+from tests.helpers import free_port, make_settings, worker_env
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ import asyncpg
 
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.conftest import DATABASE_URL, free_port, worker_env
+from tests.helpers import DATABASE_URL, free_port, worker_env
 
 REPO = Path(__file__).resolve().parents[2]
 FAULT_APP = "tests.faults.apps:app"

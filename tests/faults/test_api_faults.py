@@ -22,10 +22,10 @@ import httpx
 import pytest
 
 from coldbrew.settings import Settings
-from tests.conftest import make_settings
 from tests.e2e.test_api import start_api, tail
 from tests.e2e.test_cli import start_worker_process, stop_process, terminate
 from tests.faults.test_faults import postgres_restart, rabbitmqctl
+from tests.helpers import make_settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -29,7 +29,7 @@ import pytest
 from coldbrew.client import Client
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest, ClaimResult, JobStore
-from tests.conftest import DATABASE_URL, WorkerFactory
+from tests.helpers import DATABASE_URL, WorkerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

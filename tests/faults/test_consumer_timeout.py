@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from coldbrew.client import Client
-from tests.conftest import WorkerFactory
+from tests.helpers import WorkerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(200)]
 

@@ -25,7 +25,6 @@ import pytest
 from coldbrew.app import load_app
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.conftest import AMQP_URL, make_settings
 from tests.faults.harness import (
     FAULT_APP,
     Fleet,
@@ -35,6 +34,7 @@ from tests.faults.harness import (
     submit_load,
     wait_all_terminal,
 )
+from tests.helpers import AMQP_URL, make_settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -21,8 +21,8 @@ from coldbrew.app import load_app
 from coldbrew.client import Client
 from coldbrew.model import JobRecord
 from coldbrew.settings import Settings
-from tests.conftest import free_port, make_settings, worker_env
 from tests.faults.harness import is_ready
+from tests.helpers import free_port, make_settings, worker_env
 
 REPO = Path(__file__).resolve().parents[2]
 APP_REF = "tests.faults.memory_app:app"

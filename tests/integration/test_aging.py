@@ -16,8 +16,7 @@ import asyncpg
 
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.conftest import DATABASE_URL, WorkerFactory, wait_until
-from tests.integration.test_worker import _status_is, metric, publish_raw
+from tests.helpers import DATABASE_URL, WorkerFactory, metric, publish_raw, status_is, wait_until
 
 AGING = 1.0
 STREAM_JOBS = 120
@@ -69,7 +68,7 @@ async def test_priority_zero_runs_within_aging_behind_a_priority_nine_backlog(
         message_id="probe",
         priority=0,
     )
-    await wait_until(lambda: _status_is(client, "probe", "succeeded"), timeout=AGING + 5)
+    await wait_until(lambda: status_is(client, "probe", "succeeded"), timeout=AGING + 5)
     probe = await client.get("probe")
     started = probe.result["start"]
     assert started - published <= AGING + 1.0

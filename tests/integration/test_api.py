@@ -17,8 +17,8 @@ from coldbrew.api.auth import KeyRing
 from coldbrew.api.openapi import SPEC
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.conftest import WorkerFactory, make_settings
 from tests.e2e.test_cli import STATUS_KEYS
+from tests.helpers import WorkerFactory, make_settings
 
 ACME_KEY = "acme-key-0123456789"
 GLOBEX_KEY = "globex-key-0123456789"

@@ -15,7 +15,7 @@ from coldbrew.client import Client
 from coldbrew.model import Status
 from coldbrew.store import ClaimRequest
 from coldbrew.topology import Topology
-from tests.conftest import WorkerFactory, wait_until
+from tests.helpers import WorkerFactory, wait_until
 from tests.integration.test_api import ACME, ACME_KEY, GLOBEX, GLOBEX_KEY, api_client
 
 XSS = "<script>alert(1)</script>"

@@ -16,7 +16,7 @@ from coldbrew.api import ApiConfig, create_app
 from coldbrew.api.auth import KeyRing
 from coldbrew.api.webhooks import SIGNATURE_HEADER, WebhookDispatcher, verify
 from coldbrew.client import Client
-from tests.conftest import WorkerFactory, wait_until
+from tests.helpers import WorkerFactory, wait_until
 
 KEY = "hook-key-0123456789"
 SECRET = "hook-secret-0123456789"

@@ -10,7 +10,7 @@ import asyncpg
 
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.conftest import DATABASE_URL, WorkerFactory, read_dead_letters, wait_until
+from tests.helpers import DATABASE_URL, WorkerFactory, read_dead_letters, wait_until
 
 GARBAGE: list[tuple[str, bytes, str, dict[str, Any]]] = [
     ("not_json", b"\xff\xfe this is not json", "default.default", {}),

@@ -18,7 +18,7 @@ from coldbrew.broker import Broker
 from coldbrew.deliveries import Inbound, settle
 from coldbrew.model import routing_key
 from coldbrew.topology import Topology
-from tests.conftest import AMQP_URL, drop_broker_entities
+from tests.helpers import AMQP_URL, drop_broker_entities
 
 TENANTS = ["t1", "t2", "t3"]
 

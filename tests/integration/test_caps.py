@@ -20,7 +20,7 @@ from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest, ClaimResult, JobStore
 from coldbrew.topology import Topology
 from coldbrew.worker import Worker
-from tests.conftest import DATABASE_URL, WorkerFactory, wait_until
+from tests.helpers import DATABASE_URL, WorkerFactory, wait_until
 
 
 def max_overlap(intervals: list[tuple[float, float]]) -> int:

@@ -13,8 +13,7 @@ import asyncpg
 from coldbrew.client import Client
 from coldbrew.settings import Settings
 from coldbrew.topology import Topology
-from tests.conftest import DATABASE_URL, WorkerFactory, wait_until
-from tests.integration.test_worker import metric
+from tests.helpers import DATABASE_URL, WorkerFactory, metric, wait_until
 
 
 def unacked(queue: str) -> int:

@@ -20,7 +20,7 @@ from coldbrew.broker import Broker
 from coldbrew.deliveries import Inbound, InboundHandler, settle
 from coldbrew.model import routing_key
 from coldbrew.topology import Topology
-from tests.conftest import AMQP_URL, drop_broker_entities
+from tests.helpers import AMQP_URL, drop_broker_entities
 
 STAMP = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
 

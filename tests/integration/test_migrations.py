@@ -13,7 +13,7 @@ import pytest
 
 from coldbrew.migrate import connect_creating_database, migrate, quote_ident
 from coldbrew.sql import LATEST_VERSION, read_sql
-from tests.conftest import DATABASE_URL, new_namespace
+from tests.helpers import DATABASE_URL, new_namespace
 
 EXCLUDED = "schema_migrations"  # exists only where the migrations ran
 

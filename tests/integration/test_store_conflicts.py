@@ -15,7 +15,7 @@ import pytest
 from coldbrew.client import Client
 from coldbrew.errors import TransientDatabaseError
 from coldbrew.settings import Settings
-from tests.conftest import DATABASE_URL
+from tests.helpers import DATABASE_URL
 
 
 async def test_a_deadlock_is_a_transient_error_and_the_store_goes_on(

@@ -14,32 +14,18 @@ from coldbrew.errors import SchemaOutOfDate
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest
 from coldbrew.topology import Topology
-from tests.conftest import (
+from tests.helpers import (
     DATABASE_URL,
     WorkerFactory,
+    holds,
     make_settings,
+    metric,
     new_namespace,
+    publish_raw,
     read_dead_letters,
+    status_is,
     wait_until,
 )
-
-
-def metric(worker: Any, metric_name: str, **labels: str) -> float:
-    value = worker.metrics.registry.get_sample_value(metric_name, labels or None)
-    return 0.0 if value is None else value
-
-
-async def publish_raw(
-    channel: aio_pika.abc.AbstractChannel,
-    namespace: str,
-    body: bytes,
-    routing_key: str,
-    **properties: Any,
-) -> None:
-    exchange = await channel.get_exchange(f"{namespace}.jobs")
-    properties.setdefault("delivery_mode", aio_pika.DeliveryMode.PERSISTENT)
-    properties.setdefault("content_type", "application/json")
-    await exchange.publish(aio_pika.Message(body, **properties), routing_key=routing_key)
 
 
 async def test_coroutine_job_runs_to_success(start_worker: WorkerFactory, client: Client) -> None:
@@ -85,18 +71,11 @@ async def test_plain_aio_pika_producer_follows_the_contract(
         priority=5,
         headers={"x-max-attempts": 3},
     )
-    await wait_until(lambda: _status_is(client, "raw-1", "succeeded"))
+    await wait_until(lambda: status_is(client, "raw-1", "succeeded"))
     record = await client.get("raw-1")
     assert record.result["value"] == 42
     assert record.priority == 5
     assert record.max_attempts == 3
-
-
-async def _status_is(client: Client, job_id: str, status: str) -> bool:
-    try:
-        return (await client.get(job_id)).status == status
-    except Exception:  # noqa: BLE001 - not inserted yet
-        return False
 
 
 async def test_same_message_id_twice_makes_one_job(
@@ -110,18 +89,14 @@ async def test_same_message_id_twice_makes_one_job(
     body = json.dumps({"type": "side_effect", "args": {"seconds": 0.3}}).encode()
     for _ in range(2):
         await publish_raw(amqp, settings.namespace, body, "default.default", message_id="dup-1")
-    await wait_until(lambda: _status_is(client, "dup-1", "succeeded"))
+    await wait_until(lambda: status_is(client, "dup-1", "succeeded"))
     await wait_until(
-        lambda: _true(metric(worker, "coldbrew_duplicate_deliveries_total", queue="default") >= 1)
+        lambda: holds(metric(worker, "coldbrew_duplicate_deliveries_total", queue="default") >= 1)
     )
     record = await client.get("dup-1")
     assert record.attempt == 1
     assert record.result is True
     assert metric(worker, "coldbrew_jobs_started_total", queue="default", type="side_effect") == 1
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_idempotency_key_returns_the_same_job(client: Client) -> None:
@@ -146,7 +121,7 @@ async def test_retry_with_requested_delay(start_worker: WorkerFactory, client: C
     """Retry(delay=…) parks the job as retrying with run_at in the future, then runs it."""
     await start_worker()
     job = await client.submit("retry_later", {"delay": 1.0})
-    await wait_until(lambda: _status_is(client, job.id, "retrying"))
+    await wait_until(lambda: status_is(client, job.id, "retrying"))
     parked = await client.get(job.id)
     assert (parked.run_at - parked.created_at).total_seconds() >= 0.9
     done = await client.wait(job.id, timeout=20)
@@ -208,7 +183,7 @@ async def test_pool_timeout_and_crash_keep_the_pool(
     crashed = await client.wait(crash.id, timeout=30)
     assert crashed.status == "dead" and crashed.error_kind == "crashed"
     pool = worker.parts.runner.pool
-    await wait_until(lambda: _true(pool.alive == 2))
+    await wait_until(lambda: holds(pool.alive == 2))
     again = await client.submit("cpu", {"n": 10})
     assert (await client.wait(again.id, timeout=30)).status == "succeeded"
 
@@ -220,7 +195,7 @@ async def test_cancel_queued_job_never_runs(start_worker: WorkerFactory, client:
     assert cancelled.status == "cancelled"
     worker = await start_worker()
     await wait_until(
-        lambda: _true(metric(worker, "coldbrew_duplicate_deliveries_total", queue="default") >= 1)
+        lambda: holds(metric(worker, "coldbrew_duplicate_deliveries_total", queue="default") >= 1)
     )
     record = await client.get(job.id)
     assert record.status == "cancelled" and record.attempt == 0
@@ -231,7 +206,7 @@ async def test_cancel_running_job_stops_it(start_worker: WorkerFactory, client: 
     """A running job is stopped within a heartbeat and ends cancelled with the reason."""
     await start_worker()
     job = await client.submit("sleep_for", {"seconds": 30})
-    await wait_until(lambda: _status_is(client, job.id, "running"))
+    await wait_until(lambda: status_is(client, job.id, "running"))
     await client.cancel(job.id, "operator said stop")
     done = await client.wait(job.id, timeout=10)
     assert done.status == "cancelled"
@@ -244,7 +219,7 @@ async def test_cancel_running_pool_job_kills_child(
     """A running process-pool job is cancelled by killing its child."""
     await start_worker()
     job = await client.submit("cpu_sleep", {"seconds": 30})
-    await wait_until(lambda: _status_is(client, job.id, "running"))
+    await wait_until(lambda: status_is(client, job.id, "running"))
     await client.cancel(job.id, "too long")
     done = await client.wait(job.id, timeout=10)
     assert done.status == "cancelled"
@@ -290,7 +265,7 @@ async def test_new_tenant_is_provisioned_and_the_fleet_consumes_it(
     assert (await client.wait(job.id, timeout=20)).status == "succeeded"
     for worker in (first, second):
         await wait_until(
-            lambda w=worker: _true(w.parts.consumers.consumes("default", "brand-new")), timeout=10
+            lambda w=worker: holds(w.parts.consumers.consumes("default", "brand-new")), timeout=10
         )
     more = [await client.submit("echo", {"value": i}, tenant="brand-new") for i in range(20)]
     for job in more:
@@ -312,10 +287,10 @@ async def test_graceful_stop_releases_running_jobs(
     """On stop, a job that outlives the grace time is released and finishes on another worker."""
     first = await start_worker(shutdown_grace_seconds=0.5)
     job = await client.submit("sleep_for", {"seconds": 3})
-    await wait_until(lambda: _status_is(client, job.id, "running"))
+    await wait_until(lambda: status_is(client, job.id, "running"))
     second = await start_worker()
     first.stop()
-    await wait_until(lambda: _true(not first.ready.is_set() and len(first.inflight) == 0))
+    await wait_until(lambda: holds(not first.ready.is_set() and len(first.inflight) == 0))
     done = await client.wait(job.id, timeout=30)
     assert done.status == "succeeded"
     assert metric(second, "coldbrew_jobs_started_total", queue="default", type="sleep_for") == 1
@@ -410,7 +385,7 @@ async def test_on_cancel_hook_runs(start_worker: WorkerFactory, client: Client) 
     """A cancelled job's cleanup hook runs with the reason."""
     await start_worker()
     job = await client.submit("cancellable", {})
-    await wait_until(lambda: _status_is(client, job.id, "running"))
+    await wait_until(lambda: status_is(client, job.id, "running"))
     await client.cancel(job.id, "hook please")
     done = await client.wait(job.id, timeout=10)
     assert done.status == "cancelled"
@@ -442,7 +417,7 @@ async def test_paused_tenant_waits_while_others_run(
     held = await client.submit("echo", {"value": 1}, tenant="sleepy")
     other = await client.submit("echo", {"value": 2}, tenant="busy")
     assert (await client.wait(other.id, timeout=20)).status == "succeeded"
-    await wait_until(lambda: _true(len(worker.scheduler) == 1), timeout=5)
+    await wait_until(lambda: holds(len(worker.scheduler) == 1), timeout=5)
     assert worker.scheduler.pending_by_tenant() == {"sleepy": 1}
     assert (await client.get(held.id)).status == "queued"
     resumed = await client.store.set_tenant("sleepy", weight=2.0, paused=False, channel=channel)
