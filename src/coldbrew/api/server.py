@@ -3,7 +3,9 @@
 The listening socket is bound here rather than by uvicorn, so a busy port is
 one clear configuration error (exit 2) instead of uvicorn's ``sys.exit(1)``.
 Signals are coldbrew's (``signals.on_stop_signals``): uvicorn's own handlers
-would re-raise SIGTERM after shutdown and skip closing the pools.
+would re-raise SIGTERM after shutdown and skip closing the pools. The HTTP
+protocol is ``api.protocol``'s (read timeouts and a connection cap); websockets
+are off, the API has none.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from typing import Any
 
 import structlog
 import uvicorn
+from starlette.types import ASGIApp
 
 from coldbrew.api.app import ApiConfig, create_app
 from coldbrew.api.auth import KeyRing
+from coldbrew.api.limits import ConnectionLimits
+from coldbrew.api.protocol import protocol_class
 from coldbrew.api.webhooks import WebhookDispatcher
 from coldbrew.app import App
 from coldbrew.client import Client
@@ -38,6 +43,22 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def http_server(asgi: ASGIApp, limits: ConnectionLimits) -> uvicorn.Server:
+    """uvicorn serving ``asgi`` under ``limits``; ``serve(sockets=[...])`` runs it."""
+    return _Server(
+        uvicorn.Config(
+            asgi,
+            http=protocol_class(limits),
+            ws="none",
+            timeout_keep_alive=limits.keepalive_seconds,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            server_header=False,
+        )
+    )
 
 
 def key_ring(settings: Settings) -> KeyRing:
@@ -110,11 +131,7 @@ async def run_server(
         await client.store.check_schema()
         config = ApiConfig.from_settings(settings)
         asgi = create_app(client, keys, config, on_submitted=on_submitted)
-        server = _Server(
-            uvicorn.Config(
-                asgi, log_config=None, access_log=False, lifespan="off", server_header=False
-            )
-        )
+        server = http_server(asgi, ConnectionLimits.from_settings(settings))
         crashed: list[str] = []
         tasks = [
             asyncio.create_task(_supervise(name, run(client), server, crashed), name=name)
