@@ -21,6 +21,7 @@ from starlette.applications import Starlette
 from structlog.testing import capture_logs
 
 from coldbrew.api import ApiConfig, create_app
+from coldbrew.api.app import stop_waiting
 from coldbrew.api.auth import KeyRing
 from coldbrew.api.limits import ConnectionLimits
 from coldbrew.api.server import http_server, listen
@@ -64,6 +65,7 @@ async def serving(
         assert server.started, "the server did not start"
         yield Served(f"http://127.0.0.1:{port}", port, app)
     finally:
+        stop_waiting(app)  # what `coldbrew api` does at SIGTERM
         server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(task), 10)
@@ -313,3 +315,29 @@ async def test_an_event_stream_gives_its_slot_back_when_the_client_leaves(client
         await api.wait_for_waiters(0)  # the stream notices at its next poll (at most 1 s)
         freed = await http.get(f"{job}?wait=0.05", headers={"If-None-Match": etag})
         assert freed.status_code == 304
+
+
+async def test_at_shutdown_long_polls_answer_and_streams_end_at_once(client: Client) -> None:
+    """stop_waiting (SIGTERM): a 30 s long poll answers 304 and an event stream ends, each
+    within about a second, so that open waiters cannot hold the shutdown off."""
+    async with (
+        serving(client, max_wait_seconds=30) as api,
+        httpx.AsyncClient(base_url=api.base, headers=AUTH, timeout=40) as http,
+    ):
+        submitted = await http.post("/jobs", json={"type": "echo", "args": {"value": 1}})
+        job, etag = submitted.headers["location"], submitted.headers["etag"]
+
+        async def stream() -> list[str]:
+            async with http.stream("GET", f"{job}/events") as events:
+                return [line async for line in events.aiter_lines()]
+
+        polling = asyncio.create_task(http.get(f"{job}?wait=30", headers={"If-None-Match": etag}))
+        streaming = asyncio.create_task(stream())
+        await api.wait_for_waiters(2)
+        started = time.monotonic()
+        stop_waiting(api.app)
+        polled, lines = await asyncio.wait_for(asyncio.gather(polling, streaming), 5)
+        assert time.monotonic() - started < 2.5
+        assert polled.status_code == 304
+        assert "event: status" in lines  # the state it had, then the end of the stream
+        await api.wait_for_waiters(0)

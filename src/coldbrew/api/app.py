@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,6 +53,7 @@ class ApiState:
     on_submitted: Callable[[JobRecord], None] | None
     waiters: WaiterSlots  # long polls and event streams now open, out of config.max_waiters
     rates: DrainRates = field(default_factory=DrainRates)  # the dashboard's, across its loads
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)  # see stop_waiting()
 
 
 ROUTES = [
@@ -96,3 +98,13 @@ def create_app(
         client, keys, config, on_submitted, waiters=WaiterSlots(config.max_waiters)
     )
     return app
+
+
+def stop_waiting(app: Starlette) -> None:
+    """At shutdown: long polls answer now and event streams end (clients reconnect).
+
+    uvicorn's graceful shutdown waits for every open response; an event
+    stream on a job that never finishes would hold SIGTERM off for good.
+    """
+    state: ApiState = app.state.api
+    state.stopping.set()

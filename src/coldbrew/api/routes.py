@@ -46,6 +46,11 @@ async def _owned_job(request: Request, principal: Principal) -> JobRecord:
     return record
 
 
+async def _gone(request: Request, state: ApiState) -> bool:
+    """A waiter stops: its client left, or the server is stopping (``app.stop_waiting``)."""
+    return state.stopping.is_set() or await request.is_disconnected()
+
+
 async def submit_job(request: Request) -> Response:
     state = _state(request)
     principal = state.keys.authenticate(request)
@@ -116,7 +121,7 @@ async def get_job(request: Request) -> Response:
                 partial(_owned_job, request, principal),
                 snapshot,
                 timeout=wait,
-                gone=request.is_disconnected,
+                gone=partial(_gone, request, state),
             )
     headers = {"ETag": snapshot.etag, **NO_CACHE}
     if if_none_match(client_has, snapshot.etag):
@@ -152,7 +157,7 @@ async def job_events(request: Request) -> Response:
             async for snapshot in follow(
                 fetch,
                 last_etag=f'"{last}"' if last else None,
-                gone=request.is_disconnected,
+                gone=partial(_gone, request, state),
                 keepalive=state.config.sse_keepalive_seconds,
             ):
                 if snapshot is None:

@@ -20,7 +20,7 @@ import structlog
 import uvicorn
 from starlette.types import ASGIApp
 
-from coldbrew.api.app import ApiConfig, create_app
+from coldbrew.api.app import ApiConfig, create_app, stop_waiting
 from coldbrew.api.auth import KeyRing
 from coldbrew.api.limits import ConnectionLimits
 from coldbrew.api.protocol import protocol_class
@@ -133,8 +133,13 @@ async def run_server(
         asgi = create_app(client, keys, config, on_submitted=on_submitted)
         server = http_server(asgi, ConnectionLimits.from_settings(settings))
         crashed: list[str] = []
+
+        def stop() -> None:
+            server.should_exit = True
+            stop_waiting(asgi)
+
         tasks = [
-            asyncio.create_task(_supervise(name, run(client), server, crashed), name=name)
+            asyncio.create_task(_supervise(name, run(client), stop, crashed), name=name)
             for name, run in (background or {}).items()
         ]
         log.info(
@@ -142,10 +147,6 @@ async def run_server(
             address=f"http://{settings.api_host}:{sock.getsockname()[1]}",
             auth="off" if keys.insecure_no_auth else "api keys",
         )
-
-        def stop() -> None:
-            server.should_exit = True
-
         try:
             with on_stop_signals(stop):
                 await server.serve(sockets=[sock])
@@ -159,7 +160,7 @@ async def run_server(
 
 
 async def _supervise(
-    name: str, work: Coroutine[Any, Any, None], server: uvicorn.Server, crashed: list[str]
+    name: str, work: Coroutine[Any, Any, None], stop: Callable[[], None], crashed: list[str]
 ) -> None:
     """Run ``work``; if it ends with an error, log it and stop the server: never silent."""
     try:
@@ -169,4 +170,4 @@ async def _supervise(
     except Exception:
         log.exception("api_background_task_crashed", task=name)
         crashed.append(name)
-        server.should_exit = True
+        stop()
