@@ -158,6 +158,11 @@ class Settings(BaseSettings):
     api_keys: str = Field(default="", repr=False)
     api_insecure_no_auth: bool = False
     api_max_wait_seconds: Annotated[float, Field(gt=0, le=600)] = 60.0
+    api_header_timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
+    api_body_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    api_keepalive_seconds: Annotated[int, Field(ge=1, le=300)] = 5
+    api_max_connections: Annotated[int, Field(ge=1, le=100_000)] = 1000
+    api_max_waiters: Annotated[int, Field(ge=1, le=100_000)] = 500
     webhook_url: str = ""
     webhook_secret: str = Field(default="", repr=False)
     webhook_max_attempts: Annotated[int, Field(ge=1, le=100)] = 8
@@ -227,6 +232,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"COLDBREW_WEBHOOK_SECRET must be at least {MIN_SECRET_LENGTH} characters "
                 "when COLDBREW_WEBHOOK_URL is set (webhooks are always signed)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_api_limits(self) -> Settings:
+        # every waiter holds a connection: a larger waiter cap could never be reached
+        if self.api_max_waiters > self.api_max_connections:
+            raise ValueError(
+                f"COLDBREW_API_MAX_WAITERS ({self.api_max_waiters}) must not exceed "
+                f"COLDBREW_API_MAX_CONNECTIONS ({self.api_max_connections})"
             )
         return self
 

@@ -100,3 +100,37 @@ async def test_api_without_keys_refuses_to_start(settings: Settings) -> None:
     done = await run_cli(cli_env(settings, COLDBREW_API_PORT=str(free_port())), "api", limit=30)
     assert done.returncode == 2, done.stderr
     assert "COLDBREW_API_KEYS" in one_line(done.stderr)
+
+
+async def test_sigterm_with_an_open_event_stream_exits_promptly(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """An event stream on a job that never finishes (no worker) does not hold SIGTERM off:
+    the stream ends and `coldbrew api` exits 0 within seconds."""
+    log = tmp_path / "api.log"
+    api, base = await start_api(settings, KEY, log)
+    try:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=base, headers=auth, timeout=30) as http:
+            submitted = await http.post("/jobs", json={"type": "echo", "args": {"value": 1}})
+            assert submitted.status_code == 202, submitted.text
+            async with http.stream("GET", f"{submitted.headers['location']}/events") as events:
+                lines = events.aiter_lines()
+                for _ in range(10):
+                    if await anext(lines) == "event: status":
+                        break
+                started = asyncio.get_running_loop().time()
+                api.send_signal(signal.SIGTERM)
+
+                async def rest_of_stream() -> list[str]:
+                    return [line async for line in lines]  # ends when the server ends it
+
+                try:
+                    rest = await asyncio.wait_for(rest_of_stream(), 15)
+                except TimeoutError:
+                    raise AssertionError("SIGTERM did not end the event stream") from None
+        assert await asyncio.to_thread(api.wait, 30) == 0, tail(log)
+        assert asyncio.get_running_loop().time() - started < 10, rest
+        assert "Traceback" not in tail(log)
+    finally:
+        stop_process(api)

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from coldbrew.api import dashboard, routes
 from coldbrew.api.auth import KeyRing
-from coldbrew.api.errors import ApiError, on_api_error, on_coldbrew_error, on_unexpected
+from coldbrew.api.errors import (
+    ApiError,
+    on_api_error,
+    on_client_gone,
+    on_coldbrew_error,
+    on_unexpected,
+)
+from coldbrew.api.limits import WaiterSlots
 from coldbrew.client import Client
 from coldbrew.errors import ColdbrewError
 from coldbrew.model import JobRecord
@@ -25,12 +34,14 @@ class ApiConfig:
     max_body_bytes: int = 256 * 1024
     max_wait_seconds: float = 60.0
     sse_keepalive_seconds: float = 15.0
+    max_waiters: int = 500
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiConfig:
         return cls(
             max_body_bytes=settings.max_body_bytes,
             max_wait_seconds=settings.api_max_wait_seconds,
+            max_waiters=settings.api_max_waiters,
         )
 
 
@@ -40,7 +51,9 @@ class ApiState:
     keys: KeyRing
     config: ApiConfig
     on_submitted: Callable[[JobRecord], None] | None
+    waiters: WaiterSlots  # long polls and event streams now open, out of config.max_waiters
     rates: DrainRates = field(default_factory=DrainRates)  # the dashboard's, across its loads
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)  # see stop_waiting()
 
 
 ROUTES = [
@@ -75,9 +88,23 @@ def create_app(
         routes=list(ROUTES),
         exception_handlers={
             ApiError: on_api_error,
+            ClientDisconnect: on_client_gone,
             ColdbrewError: on_coldbrew_error,
             Exception: on_unexpected,
         },
     )
-    app.state.api = ApiState(client, keys, config or ApiConfig(), on_submitted)
+    config = config or ApiConfig()
+    app.state.api = ApiState(
+        client, keys, config, on_submitted, waiters=WaiterSlots(config.max_waiters)
+    )
     return app
+
+
+def stop_waiting(app: Starlette) -> None:
+    """At shutdown: long polls answer now and event streams end (clients reconnect).
+
+    uvicorn's graceful shutdown waits for every open response; an event
+    stream on a job that never finishes would hold SIGTERM off for good.
+    """
+    state: ApiState = app.state.api
+    state.stopping.set()

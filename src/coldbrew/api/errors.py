@@ -48,6 +48,13 @@ class ApiError(Exception):
         self.extra = dict(extra or {})
 
 
+def error_document(
+    kind: str, message: str, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The error body; also written by ``api.protocol`` for answers made outside the app."""
+    return {"error": {"kind": kind, "message": message, **(extra or {})}}
+
+
 def error_response(
     status: int,
     kind: str,
@@ -55,13 +62,25 @@ def error_response(
     headers: Mapping[str, str] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> JSONResponse:
-    body: dict[str, Any] = {"error": {"kind": kind, "message": message, **(extra or {})}}
+    body = error_document(kind, message, extra)
     return JSONResponse(body, status_code=status, headers=dict(headers or {}))
 
 
 async def on_api_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return error_response(exc.status, exc.kind, exc.message, exc.headers, exc.extra)
+
+
+async def on_client_gone(request: Request, _exc: Exception) -> Response:
+    """The client left (or was cut off by a read timeout) before its body arrived.
+
+    Nobody will read this answer (the server drops it); it exists so that a
+    departed client is not logged as a server bug with a traceback.
+    """
+    log.debug("api_client_disconnected", path=request.url.path)
+    return error_response(
+        408, "client_disconnected", "the connection closed before the request body arrived"
+    )
 
 
 async def on_coldbrew_error(request: Request, exc: Exception) -> Response:

@@ -20,19 +20,42 @@ _ERROR = {"application/json": {"schema": _ref("schemas/Error")}}
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
-def _errors(*codes: int) -> dict[str, Any]:
+_RETRY_AFTER = {
+    "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}
+}
+_UNAVAILABLE = (
+    "PostgreSQL (or RabbitMQ) is unreachable (`database_unavailable`, `broker_unavailable`), "
+    "or this process holds COLDBREW_API_MAX_CONNECTIONS connections (`too_many_connections`); "
+    "retry after Retry-After seconds."
+)
+_WAITERS_FULL = (
+    " Also `too_many_waiters` when COLDBREW_API_MAX_WAITERS long polls and event streams are "
+    "open: the request is refused rather than answered without waiting, so that a polling "
+    "client backs off instead of looping."
+)
+
+
+def _errors(*codes: int, waits: bool = False) -> dict[str, Any]:
+    """Error responses by status; ``waits``: the route may hold a waiter slot."""
     texts = {
         400: "The body is not JSON.",
         401: "Missing or invalid API key (see WWW-Authenticate).",
         403: "The body names another tenant than the key's.",
         404: "No such job for this key's tenant.",
+        408: "The body did not arrive within COLDBREW_API_BODY_TIMEOUT_SECONDS of the head "
+        "(`body_timeout`); the connection is closed.",
         409: "The job already finished.",
         413: "The body is over COLDBREW_MAX_BODY_BYTES.",
         415: "The body is not application/json.",
         422: "A field is missing, unknown or out of range; the message names it.",
-        503: "PostgreSQL (or RabbitMQ) is unreachable; retry after Retry-After seconds.",
+        503: _UNAVAILABLE + (_WAITERS_FULL if waits else ""),
     }
-    return {str(code): {"description": texts[code], "content": _ERROR} for code in codes}
+    responses: dict[str, Any] = {
+        str(code): {"description": texts[code], "content": _ERROR} for code in codes
+    }
+    if 503 in codes:
+        responses["503"]["headers"] = _RETRY_AFTER
+    return responses
 
 
 _STATUS_SCHEMA: dict[str, Any] = {
@@ -253,7 +276,16 @@ SPEC: Final[dict[str, Any]] = {
         "title": "coldbrew",
         "version": "1",
         "description": "Submit long-running jobs and follow them. Authenticate with "
-        "`Authorization: Bearer <API key>`; a key sees only its tenant's jobs.",
+        "`Authorization: Bearer <API key>`; a key sees only its tenant's jobs.\n\n"
+        "Limits, on every route: a request head not complete within "
+        "COLDBREW_API_HEADER_TIMEOUT_SECONDS of the connection's opening (or of a later "
+        "request's first byte) is answered 408 `header_timeout` and the connection closed "
+        "(closed without an answer if nothing was sent); a body not complete within "
+        "COLDBREW_API_BODY_TIMEOUT_SECONDS gets 408 `body_timeout`; an idle kept-alive "
+        "connection is closed after COLDBREW_API_KEEPALIVE_SECONDS. A connection opened while "
+        "the process holds COLDBREW_API_MAX_CONNECTIONS gets 503 `too_many_connections` with "
+        "Retry-After on its first request, then is closed. Errors are "
+        '`{"error": {"kind", "message"}}`.',
     },
     "security": [{"bearer": []}],
     "paths": {
@@ -278,7 +310,7 @@ SPEC: Final[dict[str, Any]] = {
                         "headers": {"Location": {"schema": {"type": "string"}}},
                         "content": _JOB,
                     },
-                    **_errors(400, 401, 403, 413, 415, 422, 503),
+                    **_errors(400, 401, 403, 408, 413, 415, 422, 503),
                 },
             }
         },
@@ -299,7 +331,7 @@ SPEC: Final[dict[str, Any]] = {
                 "responses": {
                     "200": {"description": "The job's status, with its ETag.", "content": _JOB},
                     "304": {"description": "Unchanged from If-None-Match."},
-                    **_errors(401, 404, 422, 503),
+                    **_errors(401, 404, 422, 503, waits=True),
                 },
             },
             "delete": {
@@ -327,7 +359,7 @@ SPEC: Final[dict[str, Any]] = {
                         "description": "`event: status` with the status JSON as data",
                         "content": {"text/event-stream": {"schema": {"type": "string"}}},
                     },
-                    **_errors(401, 404, 503),
+                    **_errors(401, 404, 503, waits=True),
                 },
             }
         },

@@ -1,4 +1,8 @@
-"""The HTTP endpoints: submit, read (with ETags and long polls), stream, cancel, probes."""
+"""The HTTP endpoints: submit, read (with ETags and long polls), stream, cancel, probes.
+
+A long poll that would wait and an event stream each hold one of the
+process's waiter slots (``COLDBREW_API_MAX_WAITERS``) while they are open.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from coldbrew.api.auth import Principal
 from coldbrew.api.errors import ApiError
 from coldbrew.api.etag import if_none_match
+from coldbrew.api.limits import WaiterSlot
 from coldbrew.api.schemas import parse_submit
 from coldbrew.api.watch import Snapshot, follow, wait_for_change
 from coldbrew.errors import JobNotFound, ServiceUnavailable
@@ -38,6 +44,11 @@ async def _owned_job(request: Request, principal: Principal) -> JobRecord:
     if not principal.may_see(record.tenant):
         raise JobNotFound(job_id)  # the same answer as a missing job: ids do not leak
     return record
+
+
+async def _gone(request: Request, state: ApiState) -> bool:
+    """A waiter stops: its client left, or the server is stopping (``app.stop_waiting``)."""
+    return state.stopping.is_set() or await request.is_disconnected()
 
 
 async def submit_job(request: Request) -> Response:
@@ -103,13 +114,15 @@ async def get_job(request: Request) -> Response:
     wait = _wait_seconds(request, state.config.max_wait_seconds)
     snapshot = Snapshot.of(await _owned_job(request, principal))
     client_has = request.headers.get("if-none-match")
-    if wait > 0 and (client_has is None or if_none_match(client_has, snapshot.etag)):
-        snapshot = await wait_for_change(
-            partial(_owned_job, request, principal),
-            snapshot,
-            timeout=wait,
-            gone=request.is_disconnected,
-        )
+    waits = client_has is None or if_none_match(client_has, snapshot.etag)
+    if wait > 0 and waits and not snapshot.terminal:  # a terminal job answers at once
+        with state.waiters.take():  # 503 when COLDBREW_API_MAX_WAITERS are already waiting
+            snapshot = await wait_for_change(
+                partial(_owned_job, request, principal),
+                snapshot,
+                timeout=wait,
+                gone=partial(_gone, request, state),
+            )
     headers = {"ETag": snapshot.etag, **NO_CACHE}
     if if_none_match(client_has, snapshot.etag):
         return Response(status_code=304, headers=headers)
@@ -134,6 +147,7 @@ async def job_events(request: Request) -> Response:
     state = _state(request)
     principal = state.keys.authenticate(request)
     await _owned_job(request, principal)  # 404 before the stream starts, not inside it
+    slot = state.waiters.take()  # 503 (before the stream starts) when all are taken
     last = request.headers.get("last-event-id")
     fetch = partial(_owned_job, request, principal)
 
@@ -143,7 +157,7 @@ async def job_events(request: Request) -> Response:
             async for snapshot in follow(
                 fetch,
                 last_etag=f'"{last}"' if last else None,
-                gone=request.is_disconnected,
+                gone=partial(_gone, request, state),
                 keepalive=state.config.sse_keepalive_seconds,
             ):
                 if snapshot is None:
@@ -158,11 +172,31 @@ async def job_events(request: Request) -> Response:
             }
             yield f"event: error\ndata: {json.dumps(error)}\n\n"
 
-    return StreamingResponse(
+    return _SlotStream(
         stream(),
+        slot,
         media_type="text/event-stream",
         headers={**NO_CACHE, "X-Accel-Buffering": "no"},
     )
+
+
+class _SlotStream(StreamingResponse):
+    """A stream that gives its waiter slot back however it ends.
+
+    Releasing in the generator's ``finally`` would leak the slot when the
+    client is gone before the first chunk: a generator never started runs no
+    ``finally``.
+    """
+
+    def __init__(self, content: AsyncIterator[str], slot: WaiterSlot, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._slot = slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._slot.release()
 
 
 async def cancel_job(request: Request) -> Response:

@@ -3,7 +3,9 @@
 The listening socket is bound here rather than by uvicorn, so a busy port is
 one clear configuration error (exit 2) instead of uvicorn's ``sys.exit(1)``.
 Signals are coldbrew's (``signals.on_stop_signals``): uvicorn's own handlers
-would re-raise SIGTERM after shutdown and skip closing the pools.
+would re-raise SIGTERM after shutdown and skip closing the pools. The HTTP
+protocol is ``api.protocol``'s (read timeouts and a connection cap); websockets
+are off, the API has none.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from typing import Any
 
 import structlog
 import uvicorn
+from starlette.types import ASGIApp
 
-from coldbrew.api.app import ApiConfig, create_app
+from coldbrew.api.app import ApiConfig, create_app, stop_waiting
 from coldbrew.api.auth import KeyRing
+from coldbrew.api.limits import ConnectionLimits
+from coldbrew.api.protocol import protocol_class
 from coldbrew.api.webhooks import WebhookDispatcher
 from coldbrew.app import App
 from coldbrew.client import Client
@@ -38,6 +43,22 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def http_server(asgi: ASGIApp, limits: ConnectionLimits) -> uvicorn.Server:
+    """uvicorn serving ``asgi`` under ``limits``; ``serve(sockets=[...])`` runs it."""
+    return _Server(
+        uvicorn.Config(
+            asgi,
+            http=protocol_class(limits),
+            ws="none",
+            timeout_keep_alive=limits.keepalive_seconds,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            server_header=False,
+        )
+    )
 
 
 def key_ring(settings: Settings) -> KeyRing:
@@ -110,14 +131,15 @@ async def run_server(
         await client.store.check_schema()
         config = ApiConfig.from_settings(settings)
         asgi = create_app(client, keys, config, on_submitted=on_submitted)
-        server = _Server(
-            uvicorn.Config(
-                asgi, log_config=None, access_log=False, lifespan="off", server_header=False
-            )
-        )
+        server = http_server(asgi, ConnectionLimits.from_settings(settings))
         crashed: list[str] = []
+
+        def stop() -> None:
+            server.should_exit = True
+            stop_waiting(asgi)
+
         tasks = [
-            asyncio.create_task(_supervise(name, run(client), server, crashed), name=name)
+            asyncio.create_task(_supervise(name, run(client), stop, crashed), name=name)
             for name, run in (background or {}).items()
         ]
         log.info(
@@ -125,10 +147,6 @@ async def run_server(
             address=f"http://{settings.api_host}:{sock.getsockname()[1]}",
             auth="off" if keys.insecure_no_auth else "api keys",
         )
-
-        def stop() -> None:
-            server.should_exit = True
-
         try:
             with on_stop_signals(stop):
                 await server.serve(sockets=[sock])
@@ -142,7 +160,7 @@ async def run_server(
 
 
 async def _supervise(
-    name: str, work: Coroutine[Any, Any, None], server: uvicorn.Server, crashed: list[str]
+    name: str, work: Coroutine[Any, Any, None], stop: Callable[[], None], crashed: list[str]
 ) -> None:
     """Run ``work``; if it ends with an error, log it and stop the server: never silent."""
     try:
@@ -152,4 +170,4 @@ async def _supervise(
     except Exception:
         log.exception("api_background_task_crashed", task=name)
         crashed.append(name)
-        server.should_exit = True
+        stop()
