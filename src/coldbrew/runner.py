@@ -25,6 +25,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import structlog
@@ -32,6 +33,7 @@ import structlog
 from coldbrew import retry
 from coldbrew.breaker import Breakers
 from coldbrew.broker import Broker
+from coldbrew.caps import claim_capped
 from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.context import Context
 from coldbrew.deliveries import ack_soon, settle
@@ -47,7 +49,7 @@ from coldbrew.jobstate import Delivery, InFlight, JobState
 from coldbrew.metrics import Metrics
 from coldbrew.procpool import ProcessPool
 from coldbrew.settings import Settings
-from coldbrew.store import ClaimRequest, ClaimResult, JobStore, Outcome, RawJSON
+from coldbrew.store import ClaimRequest, ClaimResult, CommitMark, JobStore, Outcome, RawJSON
 
 log = structlog.get_logger("coldbrew.runner")
 T = TypeVar("T")
@@ -68,7 +70,10 @@ class JobRunner:
         is_stopping: Callable[[], bool],
         on_db_health: Callable[[bool], None],
         breakers: Breakers | None = None,
+        on_capped_claim: Callable[[ClaimRequest, ClaimResult], None] | None = None,
     ) -> None:
+        """``on_capped_claim``: told each capped claim's result as soon as it is known,
+        before the job runs (``CapGate.capped_claim_done``)."""
         self.settings = settings
         self.store = store
         self.broker = broker
@@ -77,6 +82,7 @@ class JobRunner:
         self.inflight = inflight
         self._is_stopping = is_stopping
         self._on_db_health = on_db_health
+        self._on_capped_claim = on_capped_claim
         self._rand = random.Random()
         self._detached: set[asyncio.Task[Any]] = set()  # outcome writes waiting out an outage
         self.breakers = breakers
@@ -84,7 +90,7 @@ class JobRunner:
         self.claim_acks: ClaimAcks | None = None
         if settings.claim_commit == "async":
             self.claim_acks = ClaimAcks(
-                store,
+                store.claims,
                 metrics,
                 delay=settings.claim_barrier_seconds,
                 worker_id=settings.worker_id,
@@ -103,11 +109,13 @@ class JobRunner:
         """
         message = delivery.message
         request = self._claim_request(delivery)
-        claim_op = self.store.claim_capped if capped else self.store.claim
+        claim_op = partial(claim_capped, self.store.caps) if capped else self.store.claims.claim
         claim = await self._until_db_ok(lambda: claim_op(request))
         if claim is None:  # stopping while the database is away: let another worker have it
             await settle(message, requeue=True)
             return None
+        if capped and self._on_capped_claim is not None:  # before the job runs
+            self._on_capped_claim(request, claim)
         if claim.status.startswith("capped:"):
             return claim.status
         if not claim.claimed:
@@ -336,7 +344,7 @@ class JobRunner:
             return
         if outcome == "released":  # the delivery is acked: the relay publishes it again
             await self._until_db_ok(
-                lambda: self.store.releases.submit((state.id, state.attempt, True)),
+                lambda: self.store.leases.release_batches.submit((state.id, state.attempt, True)),
                 give_up_on_stop=False,
             )
             handles.finish("released", elapsed)
@@ -348,11 +356,13 @@ class JobRunner:
             )
             state.progress = None
         written = await self._complete(outcome)
-        if not written:
+        if written is None:
             self.metrics.fenced_writes.labels("complete").inc()
             handles.finish("fenced", elapsed)
             log.warning("outcome_fenced", job_id=state.id, attempt=state.attempt)
         else:
+            if self.claim_acks is not None:  # its commit made earlier async claims durable
+                self.claim_acks.completed(written)
             handles.finish(outcome.status, elapsed)  # type: ignore[arg-type]
             if outcome.status == "retrying":
                 handles.retries.inc()
@@ -362,13 +372,14 @@ class JobRunner:
                 )
         log.debug("job_finished", job_id=state.id, status=outcome.status, seconds=round(elapsed, 4))
 
-    async def _complete(self, outcome: Outcome) -> bool | None:
+    async def _complete(self, outcome: Outcome) -> CommitMark | None:
         """Write the outcome; cancelling the job's task (a drain) must not drop the write.
+        Returns the mark of the commit that wrote it, or None when it was fenced.
 
         The usual case costs one shielded future; only a database outage
         starts a task, which retries until the write lands.
         """
-        future = self.store.complete_soon(outcome)
+        future = self.store.claims.complete_soon(outcome)
         try:
             written = await asyncio.shield(future)
         except asyncio.CancelledError:  # the write goes on; if it fails, retry it detached
@@ -384,15 +395,15 @@ class JobRunner:
             return written
         return await asyncio.shield(self._write_through_outage(outcome))
 
-    def _retry_if_failed(self, outcome: Outcome, done: asyncio.Future[bool]) -> None:
+    def _retry_if_failed(self, outcome: Outcome, done: asyncio.Future[CommitMark | None]) -> None:
         if done.cancelled() or not isinstance(done.exception(), DatabaseUnavailable):
             return  # written, fenced, or shut down with the store
         self._write_through_outage(outcome)
 
-    def _write_through_outage(self, outcome: Outcome) -> asyncio.Task[bool | None]:
+    def _write_through_outage(self, outcome: Outcome) -> asyncio.Task[CommitMark | None]:
         """A supervised task that retries the outcome's write until PostgreSQL answers."""
         task = asyncio.create_task(
-            self._until_db_ok(lambda: self.store.complete(outcome), give_up_on_stop=False),
+            self._until_db_ok(lambda: self.store.claims.complete(outcome), give_up_on_stop=False),
             name=f"complete:{outcome.id}",
         )
         self._detached.add(task)

@@ -227,7 +227,6 @@ class Worker:
             reset_seconds=settings.breaker_reset_seconds,
             on_state=self.metrics.set_breaker_state,
         )
-        store.on_capped_claim = self.caps.capped_claim_done
         runner = JobRunner(
             settings=settings,
             store=store,
@@ -238,8 +237,9 @@ class Worker:
             is_stopping=lambda: self._closing,
             on_db_health=self._set_db_ok,
             breakers=breakers,
+            on_capped_claim=self.caps.capped_claim_done,
         )
-        self.metrics.watch_group_commits([store.claims, store.completions, store.releases])
+        self.metrics.watch_group_commits(store.group_commits)
         stats = StatsSnapshot(store, max_tenants=settings.metrics_max_tenants)
         stats.register(self.metrics)
         tenants = TenantQueues(
@@ -539,7 +539,7 @@ class Worker:
         delay = 0.2
         while True:
             try:
-                await self._parts.store.insert_rejected(rows)
+                await self._parts.store.dead.insert_rejected(rows)
                 for message, violation in batch:
                     await self._parts.broker.publish_dead(
                         message.body,
@@ -592,13 +592,13 @@ class Worker:
     async def _flush_progress(self) -> None:
         updates = self.inflight.take_progress()
         if updates:
-            await self._parts.store.write_progress(updates)
+            await self._parts.store.leases.write_progress(updates)
 
     async def _extend_leases(self) -> None:
         held = self.inflight.held()
         if not held:
             return
-        alive = await self._parts.store.extend_leases(held, self.settings.lease_seconds)
+        alive = await self._parts.store.leases.extend_leases(held, self.settings.lease_seconds)
         self.metrics.lease_extensions.inc(len(alive))
         for job_id, attempt in held:
             state = self.inflight.get(job_id)
@@ -687,7 +687,7 @@ class Worker:
         await self._parts.runner.settle_claim_acks(timeout=10.0)
         if freed := self.caps.freed_at_drain():  # released jobs freed places: tell the fleet
             with contextlib.suppress(DatabaseUnavailable):
-                await self._parts.store.notify_caps_freed(freed)
+                await self._parts.store.caps.notify_caps_freed(freed)
 
 
 def _json_headers(headers: Any) -> dict[str, Any] | None:
