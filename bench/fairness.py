@@ -307,7 +307,9 @@ async def record_tenants(store: JobStore, tenants: Sequence[str]) -> float:
     began = time.time()
     for start in range(0, len(tenants), 8):
         chunk = tenants[start : start + 8]
-        await asyncio.gather(*(store.add_tenant_queue("default", t, channel) for t in chunk))
+        await asyncio.gather(
+            *(store.tenants.add_tenant_queue("default", t, channel) for t in chunk)
+        )
     return began
 
 

@@ -9,7 +9,8 @@ RabbitMQ gives it to nobody else) until the claim is known durable:
 
 * a later synchronous commit that wrote WAL on the same server start, sent
   after the claim committed, flushed the WAL past it: in practice the next
-  completion batch (``JobStore.on_durable``) -- "covered";
+  completion batch, whose written outcomes return its ``CommitMark``, which
+  the runner hands to ``completed`` -- "covered";
 * otherwise, once the oldest held claim has waited ``delay`` (idle, long
   jobs), one barrier -- a tiny synchronous transaction that writes a commit
   record -- covers every claim held so far -- "barrier";
@@ -39,7 +40,7 @@ from coldbrew.deliveries import Inbound, ack_soon, settle, settle_soon
 from coldbrew.errors import DatabaseUnavailable
 from coldbrew.jobstate import JobState
 from coldbrew.metrics import Metrics
-from coldbrew.store import CommitMark, JobStore
+from coldbrew.store import ClaimStore, CommitMark
 
 log = structlog.get_logger("coldbrew.claimacks")
 
@@ -102,7 +103,7 @@ class ClaimAcks:
 
     def __init__(
         self,
-        store: JobStore,
+        store: ClaimStore,
         metrics: Metrics,
         *,
         delay: float,
@@ -120,7 +121,7 @@ class ClaimAcks:
         self._sleeping: asyncio.Future[None] | None = None
         self._closed = False
         self._closing = False  # the drain has begun: barriers without delay until the end
-        store.on_durable = self.committed
+        self._last_completion: CommitMark | None = None
 
     def __len__(self) -> int:
         return len(self._held)
@@ -134,6 +135,14 @@ class ClaimAcks:
         self._held[item] = None
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="claim-barrier")
+
+    def completed(self, mark: CommitMark) -> None:
+        """A written outcome's ``CommitMark``: its completion batch committed synchronously.
+        The outcomes of one batch share one mark, so a batch is acted on once."""
+        if mark is self._last_completion:
+            return
+        self._last_completion = mark
+        self.committed(mark.server, mark.seq)
 
     def committed(self, server: datetime, seq: int) -> None:
         """A synchronous commit that wrote WAL on ``server``, sent after claim batch ``seq``."""

@@ -268,13 +268,13 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     rates = DrainRates()
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
-        rows = await store.queue_stats()
+        rows = await store.stats.queue_stats()
         if args.sample > 0:  # the drain rate is the change of the finished counters
             first = time.monotonic()
             for row in rows:
                 rates.observe((row.queue, row.tenant), row.finished, first)
             await asyncio.sleep(args.sample)
-            rows = await store.queue_stats()
+            rows = await store.stats.queue_stats()
             now = time.monotonic()
             for row in rows:
                 rates.observe((row.queue, row.tenant), row.finished, now)
@@ -326,7 +326,8 @@ async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
         if args.dlq_command == "replay":
             return await _dlq_replay(args, settings, store)
         if args.rejected:
-            rows = [dict(r) for r in await store.list_rejected(args.reason_contains, args.limit)]
+            rejected = await store.dead.list_rejected(args.reason_contains, args.limit)
+            rows = [dict(r) for r in rejected]
             if args.json:
                 _print_json(rows)
             for row in [] if args.json else rows:
@@ -335,7 +336,7 @@ async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
                     f"{row['size']:>8} B  {row['detail'][:80]}"
                 )
             return EXIT_OK
-        jobs = await store.dlq_list(args.reason_contains, args.limit)
+        jobs = await store.dead.dlq_list(args.reason_contains, args.limit)
     if args.json:
         _print_json([job.to_status_json() for job in jobs])
         return EXIT_OK
@@ -356,7 +357,7 @@ async def _dlq_replay(args: argparse.Namespace, settings: Settings, store: Any) 
         raise ConfigurationError("--attempts must be 1..1000")
     if args.job_id is None and args.reason_contains is None:
         raise ConfigurationError("say which dead jobs to replay: --job-id or --reason-contains")
-    replayed = await store.dlq_replay(args.reason_contains, args.job_id, args.limit, budget)
+    replayed = await store.dead.dlq_replay(args.reason_contains, args.job_id, args.limit, budget)
     print(
         f"coldbrew: replayed {len(replayed)} dead job(s) with {budget} fresh attempt(s); "
         "a running worker publishes them within a second"
@@ -386,11 +387,11 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
         if command == "list":
-            rows = await store.list_tenants()
+            rows = await store.tenants.list_tenants()
         else:
             paused = {"pause": True, "resume": False}.get(command)
             rows = [
-                await store.set_tenant(
+                await store.tenants.set_tenant(
                     name,
                     weight=weight,
                     paused=paused,
@@ -437,10 +438,10 @@ async def cmd_types(args: argparse.Namespace, settings: Settings) -> int:
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
         if args.types_command == "list":
-            rows = await store.list_job_types()
+            rows = await store.tenants.list_job_types()
         else:
             rows = [
-                await store.set_job_type(
+                await store.tenants.set_job_type(
                     args.name,
                     max_running=cap,
                     channel=Topology(settings.namespace).tenant_channel,

@@ -95,7 +95,7 @@ class Client:
             max_attempts,
             timeout,
         )
-        record, mark = await self.store.insert_job(
+        record, mark = await self.store.jobs.insert_job(
             request, relay_grace=self.settings.relay_grace_seconds
         )
         if mark is not None:  # a new job (an existing one keeps its own publishing)
@@ -165,14 +165,14 @@ class Client:
         except BrokerUnavailable as exc:
             log.warning("publish_deferred_to_relay", job_id=request.id, error=str(exc))
             return
-        await self.store.mark_published([(request.id, mark)])
+        await self.store.outbox.mark_published([(request.id, mark)])
 
     async def status(self, job_id: str) -> dict[str, Any]:
         """The job's status JSON (DESIGN §1)."""
-        return (await self.store.get_job(job_id)).to_status_json()
+        return (await self.store.jobs.get_job(job_id)).to_status_json()
 
     async def get(self, job_id: str) -> JobRecord:
-        return await self.store.get_job(job_id)
+        return await self.store.jobs.get_job(job_id)
 
     async def wait(self, job_id: str, *, timeout: float = 60.0, poll: float = 0.2) -> JobRecord:
         """Wait until the job is terminal; raise ``TimeoutError`` after ``timeout`` seconds."""
@@ -180,7 +180,7 @@ class Client:
         deadline = loop.time() + timeout
         delay = min(poll, 0.05)
         while True:
-            record = await self.store.get_job(job_id)
+            record = await self.store.jobs.get_job(job_id)
             if record.status.terminal:
                 return record
             if loop.time() >= deadline:
@@ -190,7 +190,7 @@ class Client:
 
     async def cancel(self, job_id: str, reason: str = "cancelled by request") -> JobRecord:
         """Cancel a waiting job at once; a running one is stopped within one heartbeat."""
-        record = await self.store.request_cancel(job_id, reason)
+        record = await self.store.jobs.request_cancel(job_id, reason)
         if record.status is Status.RUNNING:
             log.info("cancel_requested", job_id=job_id)
         return record

@@ -88,7 +88,7 @@ class Context:
 
     async def checkpoint(self, state: Any) -> None:
         """Save JSON state that the next attempt of this job starts from (fenced)."""
-        await self._store.save_checkpoint(self.job_id, self.attempt, state)
+        await self._store.jobs.save_checkpoint(self.job_id, self.attempt, state)
         self.checkpoint_state = state
 
     async def once(self, name: str) -> bool:
@@ -98,7 +98,7 @@ class Context:
         worker dies between the two, the effect is skipped on retry (at most
         once, never twice).
         """
-        return await self._store.claim_once(self.job_id, name, self.attempt)
+        return await self._store.jobs.claim_once(self.job_id, name, self.attempt)
 
     def once_in_transaction(
         self, name: str
@@ -110,7 +110,7 @@ class Context:
         the guard was taken before. Whatever the block writes through ``conn``
         commits together with the guard, or not at all.
         """
-        return self._store.once_transaction(self.job_id, name, self.attempt)
+        return self._store.jobs.once_transaction(self.job_id, name, self.attempt)
 
     def breaker(self, name: str) -> CircuitBreaker:
         """The worker's breaker for a named dependency: ``async with ctx.breaker("s3"):``."""

@@ -155,12 +155,12 @@ async def _watch(client: Client, expected: dict[str, str], timeout: float = 120)
 
 async def _summary(client: Client) -> None:
     print("\ncoldbrew stats (per lane and tenant):")
-    for row in await client.store.queue_stats():
+    for row in await client.store.stats.queue_stats():
         print(
             f"  {row.queue:<8} {row.tenant:<8} running {row.running}  waiting "
             f"{row.queued + row.retrying}  failed {row.failed}  dead {row.dead}"
         )
-    for reason, count in (await client.store.rejected_counts()).items():
+    for reason, count in (await client.store.dead.rejected_counts()).items():
         print(
             f"  dead letters: {count} rejected message(s), reason {reason!r} "
             "(kept with their original bytes; copies on the <namespace>.dead queue)"

@@ -108,7 +108,7 @@ class StatsSnapshot:
         self._clock = clock
 
     async def refresh(self) -> int:
-        rows = cap_tenants(await self.store.queue_stats(), self.max_tenants)
+        rows = cap_tenants(await self.store.stats.queue_stats(), self.max_tenants)
         now = self._clock()
         for row in rows:
             self.rates.observe((row.queue, row.tenant), row.finished, now)

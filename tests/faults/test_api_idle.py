@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from coldbrew.settings import Settings
-from tests.conftest import make_settings
+from tests.helpers import make_settings
 from tests.e2e.test_api import start_api, tail
 from tests.e2e.test_cli import stop_process
 from tests.faults.test_api_faults import our_errors

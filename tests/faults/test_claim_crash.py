@@ -28,7 +28,7 @@ import pytest
 
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from coldbrew.store import ClaimRequest, ClaimResult, JobStore
+from coldbrew.store import ClaimRequest, ClaimResult, ClaimStore
 from tests.helpers import DATABASE_URL, WorkerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -96,10 +96,10 @@ async def test_postgres_crash_right_after_async_claims_loses_no_job(
     crashed = asyncio.Event()
     claimed = 0
     at_crash = 0
-    original = JobStore._claim_batch
+    original = ClaimStore._claim_batch
 
     async def claim_then_crash(
-        self: JobStore, requests: Sequence[ClaimRequest]
+        self: ClaimStore, requests: Sequence[ClaimRequest]
     ) -> list[ClaimResult]:
         nonlocal claimed, at_crash
         results = await original(self, requests)
@@ -110,7 +110,7 @@ async def test_postgres_crash_right_after_async_claims_loses_no_job(
             crashed.set()
         return results
 
-    monkeypatch.setattr(JobStore, "_claim_batch", claim_then_crash)
+    monkeypatch.setattr(ClaimStore, "_claim_batch", claim_then_crash)
     worker = await start_worker(
         claim_commit="async", claim_barrier_seconds=30.0, concurrency=100, prefetch=64
     )

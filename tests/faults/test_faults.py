@@ -284,9 +284,9 @@ async def test_garbage_interleaved(fleet: Fleet, capsys: pytest.CaptureFixture[s
     async with Client.connect(fleet.settings, broker=False) as client:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
-        while sum((await client.store.rejected_counts()).values()) < 10 * len(GARBAGE):
-            assert loop.time() < deadline, await client.store.rejected_counts()
+        while sum((await client.store.dead.rejected_counts()).values()) < 10 * len(GARBAGE):
+            assert loop.time() < deadline, await client.store.dead.rejected_counts()
             await asyncio.sleep(0.2)
-        rejected = await client.store.rejected_counts()
+        rejected = await client.store.dead.rejected_counts()
     report(capsys, "garbage", drained_s=round(took, 1), statuses=verdict.counts, rejected=rejected)
     assert sum(rejected.values()) == 10 * len(GARBAGE)

@@ -99,8 +99,8 @@ async def populate(client: Client, start_worker: WorkerFactory) -> Populated:
 
     await wait_until(settled)
     channel = Topology(client.store.namespace).tenant_channel
-    await client.store.set_tenant("acme", weight=2, max_running=5, channel=channel)
-    await client.store.set_tenant("globex", weight=3, paused=True, channel=channel)
+    await client.store.tenants.set_tenant("acme", weight=2, max_running=5, channel=channel)
+    await client.store.tenants.set_tenant("globex", weight=3, paused=True, channel=channel)
     return Populated(dead_acme.id, dead_globex.id, running.id)
 
 
@@ -185,9 +185,9 @@ async def test_producer_text_is_escaped(client: Client) -> None:
     """A tenant, lane row and rejected reason holding <script> are rendered as text, not markup."""
     store = client.store
     request = ClaimRequest(str(uuid.uuid4()), "echo", "default", XSS, {}, 0, 3, None, None)
-    await store.insert_job(request, relay_grace=60)
-    await store.set_tenant(XSS, channel=Topology(store.namespace).tenant_channel)
-    await store.insert_rejected([(XSS, "detail", None, f"default.{XSS}", None, b"x")])
+    await store.jobs.insert_job(request, relay_grace=60)
+    await store.tenants.set_tenant(XSS, channel=Topology(store.namespace).tenant_channel)
+    await store.dead.insert_rejected([(XSS, "detail", None, f"default.{XSS}", None, b"x")])
     async with api_client(client, KeyRing({}, insecure_no_auth=True)) as http:
         response = await http.get("/dashboard")
     assert response.status_code == 200

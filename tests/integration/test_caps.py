@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from coldbrew.caps import claim_capped
 from coldbrew.client import Client
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest, ClaimResult, JobStore
@@ -60,7 +61,7 @@ async def test_tenant_cap_holds_across_two_workers_and_others_run(
 ) -> None:
     """At most 2 of tenant "capped"'s jobs run at once fleet-wide; tenant "free" is not slowed."""
     channel = Topology(settings.namespace).tenant_channel
-    await client.store.set_tenant("capped", max_running=2, channel=channel)
+    await client.store.tenants.set_tenant("capped", max_running=2, channel=channel)
     workers = [await start_worker(worker_id="w1"), await start_worker(worker_id="w2")]
     # the tenant's queue is provisioned by its first job; until both workers consume
     # it, one may take every delivery and, seeing its own two running, never claim
@@ -98,7 +99,7 @@ async def test_type_cap_holds_across_two_workers(
 ) -> None:
     """``coldbrew types set transcode --max-running 1``: one transcode at a time, fleet-wide."""
     channel = Topology(settings.namespace).tenant_channel
-    await client.store.set_job_type("transcode", max_running=1, channel=channel)
+    await client.store.tenants.set_job_type("transcode", max_running=1, channel=channel)
     await start_worker(worker_id="w1")
     await start_worker(worker_id="w2")
     ids = [
@@ -116,7 +117,7 @@ async def test_capped_job_waits_as_queued_and_runs_when_the_cap_rises(
 ) -> None:
     """With max_running 0 the job is recorded and shown queued, holds no slot, and runs later."""
     channel = Topology(settings.namespace).tenant_channel
-    await client.store.set_tenant("frozen", max_running=0, channel=channel)
+    await client.store.tenants.set_tenant("frozen", max_running=0, channel=channel)
     worker = await start_worker(concurrency=1)
     held = await client.submit("echo", {"value": 1}, tenant="frozen")
 
@@ -129,7 +130,7 @@ async def test_capped_job_waits_as_queued_and_runs_when_the_cap_rises(
     other = await client.submit("echo", {"value": 2}, tenant="warm")
     assert (await client.wait(other.id, timeout=10)).status == "succeeded"
     assert (await client.get(held.id)).status == "queued"
-    await client.store.set_tenant("frozen", uncap=True, channel=channel)
+    await client.store.tenants.set_tenant("frozen", uncap=True, channel=channel)
     final = await client.wait(held.id, timeout=10)
     assert final.status == "succeeded" and final.attempt == 1
 
@@ -146,10 +147,10 @@ async def test_deliveries_held_too_long_are_handed_back_not_lost(
 
     async def hold(on: bool) -> None:
         if paused:
-            await client.store.set_tenant("waiting", paused=on, channel=channel)
+            await client.store.tenants.set_tenant("waiting", paused=on, channel=channel)
         else:
             cap = 0 if on else None
-            await client.store.set_job_type("transcode", max_running=cap, channel=channel)
+            await client.store.tenants.set_job_type("transcode", max_running=cap, channel=channel)
 
     await hold(True)
     worker = await start_worker(
@@ -172,7 +173,7 @@ async def test_deliveries_held_too_long_are_handed_back_not_lost(
     assert final.status == "succeeded" and final.attempt == 1
 
 
-# --- the capped claim itself (JobStore.claim_capped) -----------------------------------
+# --- the capped claim itself (coldbrew.caps.claim_capped) -----------------------------
 
 
 async def hold_advisory_lock(namespace: str, key: str) -> asyncpg.Connection:
@@ -188,7 +189,7 @@ async def hold_advisory_lock(namespace: str, key: str) -> asyncpg.Connection:
 
 async def timed_claim(store: JobStore, req: ClaimRequest) -> tuple[ClaimResult, float]:
     began = time.perf_counter()
-    result = await asyncio.wait_for(store.claim_capped(req), timeout=5)
+    result = await asyncio.wait_for(claim_capped(store.caps, req), timeout=5)
     return result, time.perf_counter() - began
 
 
@@ -213,9 +214,9 @@ async def test_a_claim_whose_scope_lock_is_held_answers_busy_at_once(
     channel = Topology(settings.namespace).tenant_channel
     store = client.store
     if tenant_cap is not None:
-        await store.set_tenant("locked", max_running=tenant_cap, channel=channel)
+        await store.tenants.set_tenant("locked", max_running=tenant_cap, channel=channel)
     if type_cap is not None:
-        await store.set_job_type("echo", max_running=type_cap, channel=channel)
+        await store.tenants.set_job_type("echo", max_running=type_cap, channel=channel)
     holder = await hold_advisory_lock(settings.namespace, key)
     try:
         req = request("locked")
@@ -223,7 +224,7 @@ async def test_a_claim_whose_scope_lock_is_held_answers_busy_at_once(
         assert result.status == expected
         assert not result.claimed
         assert seconds < 1.0
-        assert (await store.get_job(req.id)).status == "queued"  # recorded, waiting
+        assert (await store.jobs.get_job(req.id)).status == "queued"  # recorded, waiting
     finally:
         await holder.close()
     # the lock gone, the same delivery's claim goes through
@@ -235,7 +236,7 @@ async def test_an_uncapped_scope_takes_no_lock(client: Client, settings: Setting
     """Only capped scopes are locked: a tenant-capped job does not wait for, nor get "busy"
     from, another tenant's claim that holds its (uncapped) type's lock."""
     channel = Topology(settings.namespace).tenant_channel
-    await client.store.set_tenant("locked", max_running=5, channel=channel)
+    await client.store.tenants.set_tenant("locked", max_running=5, channel=channel)
     holder = await hold_advisory_lock(settings.namespace, "type:echo")
     try:
         result, seconds = await timed_claim(client.store, request("locked"))
@@ -250,12 +251,12 @@ async def test_concurrent_claims_from_two_stores_never_pass_the_cap(
     """Two workers' stores race for 3 places with 40 claims: exactly 3 are claimed, however
     the try-locks interleave; the others are told the cap is full or busy."""
     channel = Topology(settings.namespace).tenant_channel
-    await client.store.set_tenant("racing", max_running=3, channel=channel)
+    await client.store.tenants.set_tenant("racing", max_running=3, channel=channel)
     async with JobStore.open(DATABASE_URL, settings.namespace, pool_size=10) as other:
         stores = [client.store, other]
         requests = [request("racing") for _ in range(40)]
         results = await asyncio.gather(
-            *(stores[i % 2].claim_capped(r) for i, r in enumerate(requests))
+            *(claim_capped(stores[i % 2].caps, r) for i, r in enumerate(requests))
         )
         statuses = {r.status for r in results if not r.claimed}
         assert statuses <= {"capped:tenant", "capped:tenant:busy"}
@@ -263,7 +264,7 @@ async def test_concurrent_claims_from_two_stores_never_pass_the_cap(
         for _ in range(3):
             for i, r in enumerate(requests):
                 if results[i].status == "capped:tenant:busy":
-                    results[i] = await stores[i % 2].claim_capped(r)
+                    results[i] = await claim_capped(stores[i % 2].caps, r)
         assert sum(r.claimed for r in results) == 3
         conn = await asyncpg.connect(DATABASE_URL)
         try:
@@ -289,11 +290,11 @@ async def test_a_place_freed_on_one_worker_wakes_the_other_at_once(
     The backoff is made 5 s here so that only the NOTIFY can wake worker 2 in time."""
     channel = Topology(settings.namespace).tenant_channel
     if kind == "tenant":
-        await client.store.set_tenant("capped", max_running=1, channel=channel)
+        await client.store.tenants.set_tenant("capped", max_running=1, channel=channel)
         tenants, job_type = ("capped", "capped"), "timed_sleep"
         scope = ("tenant", "capped")
     else:
-        await client.store.set_job_type("transcode", max_running=1, channel=channel)
+        await client.store.tenants.set_job_type("transcode", max_running=1, channel=channel)
         tenants, job_type = ("t1", "t2"), "transcode"
         scope = ("type", "transcode")
     await start_worker(worker_id="w1", queues=["default"])
@@ -320,10 +321,10 @@ async def test_waiting_deliveries_run_by_priority_then_age_one_at_a_time(
     then oldest) when places free, whether the cap is the tenant's or the type's."""
     channel = Topology(settings.namespace).tenant_channel
     if kind == "tenant":
-        await client.store.set_tenant("ordered", max_running=1, channel=channel)
+        await client.store.tenants.set_tenant("ordered", max_running=1, channel=channel)
         job_type = "timed_sleep"
     else:
-        await client.store.set_job_type("transcode", max_running=1, channel=channel)
+        await client.store.tenants.set_job_type("transcode", max_running=1, channel=channel)
         job_type = "transcode"
     worker = await start_worker()
     first = await client.submit(job_type, {"seconds": 1.0}, tenant="ordered")
@@ -359,7 +360,7 @@ async def test_a_place_freed_without_a_notify_is_found_by_the_safety_timer(
     """A place that frees with no NOTIFY (a dead worker's job moved by hand here, like the
     reaper does) is still found: the waiting worker re-checks a full cap every 0.5 s."""
     channel = Topology(settings.namespace).tenant_channel
-    await client.store.set_tenant("capped", max_running=1, channel=channel)
+    await client.store.tenants.set_tenant("capped", max_running=1, channel=channel)
     conn = await asyncpg.connect(DATABASE_URL)
     try:
         jobs = f"{settings.namespace}.jobs"
@@ -388,8 +389,8 @@ async def test_the_reaper_notifies_the_capped_scopes_it_frees(
     a place: the fleet hears it on ``<ns>.caps`` at once, not at its next re-check. An
     uncapped tenant's reaped job sends nothing."""
     channel = Topology(settings.namespace).tenant_channel
-    await client.store.set_tenant("capped", max_running=1, channel=channel)
-    await client.store.set_job_type("timed_sleep", max_running=2, channel=channel)
+    await client.store.tenants.set_tenant("capped", max_running=1, channel=channel)
+    await client.store.tenants.set_job_type("timed_sleep", max_running=2, channel=channel)
     jobs = f"{settings.namespace}.jobs"
     heard: asyncio.Queue[str] = asyncio.Queue()
     conn = await asyncpg.connect(DATABASE_URL)
@@ -407,8 +408,8 @@ async def test_the_reaper_notifies_the_capped_scopes_it_frees(
                 job_type,
                 tenant,
             )
-        async with client.store.listen(client.store.cap_channel(), heard.put_nowait):
-            reaped = await client.store.reap_expired()
+        async with client.store.listen(client.store.caps.cap_channel(), heard.put_nowait):
+            reaped = await client.store.leases.reap_expired()
             ids = sorted(row["id"] for row in reaped)
             assert ids == ["ghost-capped", "ghost-free", "ghost-type"]
             payloads = {await asyncio.wait_for(heard.get(), timeout=5) for _ in range(2)}

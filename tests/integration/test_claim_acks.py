@@ -94,7 +94,7 @@ async def test_a_claim_lost_in_a_restart_is_requeued_and_the_job_runs_again(
     worker = await start_worker(
         claim_commit="async", claim_barrier_seconds=1.0, heartbeat_seconds=1.9
     )
-    store = worker.parts.store
+    store = worker.parts.store.claims
     real_barrier = store.durability_barrier
 
     async def after_a_restart() -> tuple[datetime, int]:

@@ -48,8 +48,8 @@ async def test_a_deadlock_is_a_transient_error_and_the_store_goes_on(
     finally:
         await other.close()
     # nothing of the rolled-back transaction was written, and the store still works
-    assert (await client.store.get_job(first)).priority == 3
-    assert (await client.store.get_job(second)).priority == 1
+    assert (await client.store.jobs.get_job(first)).priority == 3
+    assert (await client.store.jobs.get_job(second)).priority == 1
 
 
 async def test_mark_published_skips_a_row_another_transaction_holds(
@@ -71,7 +71,7 @@ async def test_mark_published_skips_a_row_another_transaction_holds(
         await held.start()
         await other.execute(f"SELECT 1 FROM {table} WHERE id = $1 FOR UPDATE", ids[0])
         # a claim holds the first row: the relay's mark must not wait for it
-        await asyncio.wait_for(client.store.mark_published(marks), timeout=5)
+        await asyncio.wait_for(client.store.outbox.mark_published(marks), timeout=5)
         await held.commit()
         after = dict(
             await other.fetch(f"SELECT id, publish_after FROM {table} WHERE id = ANY($1)", ids)

@@ -249,7 +249,7 @@ async def test_relay_publishes_a_commit_that_was_never_published(
     request = ClaimRequest(
         "orphan-1", "echo", "default", "default", {"value": "x"}, 0, 3, None, None
     )
-    await client.store.insert_job(request, relay_grace=0.0)
+    await client.store.jobs.insert_job(request, relay_grace=0.0)
     await start_worker()
     done = await client.wait("orphan-1", timeout=20)
     assert done.status == "succeeded"
@@ -334,13 +334,13 @@ async def test_dlq_replay_gives_a_fresh_budget(start_worker: WorkerFactory, clie
     job = await client.submit("fail_times", {"times": 3}, max_attempts=2)
     dead = await client.wait(job.id, timeout=20)
     assert dead.status == "dead" and dead.attempt == 2
-    listed = await client.store.dlq_list("flaky", 10)
+    listed = await client.store.dead.dlq_list("flaky", 10)
     assert [j.id for j in listed] == [job.id]
-    assert await client.store.dlq_replay(None, job.id, 10, 3) == [job.id]
+    assert await client.store.dead.dlq_replay(None, job.id, 10, 3) == [job.id]
     done = await client.wait(job.id, timeout=20)
     assert done.status == "succeeded"
     assert done.attempt == 4  # attempts 3 and 4 of the fresh budget; 4 > times
-    assert await client.store.dlq_list(None, 10) == []
+    assert await client.store.dead.dlq_list(None, 10) == []
 
 
 async def test_breaker_opens_after_failures(start_worker: WorkerFactory, client: Client) -> None:
@@ -412,7 +412,7 @@ async def test_paused_tenant_waits_while_others_run(
     """A paused tenant's jobs are held, not run; others run; on resume they run."""
 
     channel = Topology(settings.namespace).tenant_channel
-    await client.store.set_tenant("sleepy", weight=None, paused=True, channel=channel)
+    await client.store.tenants.set_tenant("sleepy", weight=None, paused=True, channel=channel)
     worker = await start_worker()
     held = await client.submit("echo", {"value": 1}, tenant="sleepy")
     other = await client.submit("echo", {"value": 2}, tenant="busy")
@@ -420,6 +420,8 @@ async def test_paused_tenant_waits_while_others_run(
     await wait_until(lambda: holds(len(worker.scheduler) == 1), timeout=5)
     assert worker.scheduler.pending_by_tenant() == {"sleepy": 1}
     assert (await client.get(held.id)).status == "queued"
-    resumed = await client.store.set_tenant("sleepy", weight=2.0, paused=False, channel=channel)
+    resumed = await client.store.tenants.set_tenant(
+        "sleepy", weight=2.0, paused=False, channel=channel
+    )
     assert resumed.weight == 2.0 and not resumed.paused
     assert (await client.wait(held.id, timeout=20)).status == "succeeded"

@@ -58,7 +58,6 @@ def test_verdict_reads_the_row(row: dict[str, Any] | None, expected: str) -> Non
 
 class FakeStore:
     def __init__(self) -> None:
-        self.on_durable: Any = None
         self.seq = 0
         self.server = BOOT
         self.rows: dict[str, dict[str, Any]] = {}
@@ -109,13 +108,34 @@ async def test_a_completion_acks_the_claims_it_covers_and_no_barrier_runs(
     acks = tracker(store, 0.05, [])
     acks.hold(held("a", 1))
     acks.hold(held("b", 2))
-    store.on_durable(BOOT, 1)
+    acks.committed(BOOT, 1)
     assert settled["ack"] == ["a"]
-    store.on_durable(BOOT, 2)
+    acks.committed(BOOT, 2)
     assert settled["ack"] == ["a", "b"]
     await asyncio.sleep(0.1)
     assert store.barriers == 0
     assert len(acks) == 0
+
+
+async def test_a_completion_batch_is_acted_on_once_for_all_its_outcomes(
+    settled: dict[str, list[Any]],
+) -> None:
+    """The outcomes of one batch return one shared mark: the first acks what it covers, the
+    others are no-ops, and a later batch's mark (equal or not) is acted on again."""
+    store = FakeStore()
+    acks = tracker(store, 10.0, [])
+    acks.hold(held("a", 1))
+    batch = CommitMark(BOOT, 1)
+    acks.completed(batch)
+    assert settled["ack"] == ["a"]
+    acks.hold(held("b", 1))  # held after that batch's commit was heard
+    acks.completed(batch)  # another outcome of the same batch
+    assert settled["ack"] == ["a"]
+    acks.completed(CommitMark(BOOT, 1))  # the next batch, sent after b's claim batch too
+    assert settled["ack"] == ["a", "b"]
+    acks.completed(CommitMark(BOOT, 0))  # a batch that covers nothing acks nothing
+    assert settled["ack"] == ["a", "b"]
+    await acks.close()
 
 
 async def test_a_barrier_acks_what_no_completion_covered(settled: dict[str, list[Any]]) -> None:
@@ -147,7 +167,7 @@ async def test_after_a_restart_survivors_are_acked_and_lost_claims_requeued_and_
         item = held(name, 1)
         item.state = f"state-{name}"  # type: ignore[assignment]
         acks.hold(item)
-    store.on_durable(REBOOT, 3)  # a completion on the new server proves nothing about these
+    acks.committed(REBOOT, 3)  # a completion on the new server proves nothing about these
     assert settled["ack"] == []
     for _ in range(100):
         if not len(acks):

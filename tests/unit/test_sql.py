@@ -13,10 +13,13 @@ import pytest
 
 import coldbrew.store
 from coldbrew.sql import LATEST_VERSION, QUERIES, migrations, parse_queries, read_sql
-from coldbrew.store import JobStore
+from coldbrew.store import ClaimConfig, DeadLetterStore
 
-STORE_SOURCE = Path(coldbrew.store.__file__).read_text(encoding="utf-8")
-SRC = Path(coldbrew.store.__file__).parent
+STORE_PACKAGE = Path(coldbrew.store.__file__).parent
+STORE_SOURCES = {
+    path.name: path.read_text(encoding="utf-8") for path in sorted(STORE_PACKAGE.glob("*.py"))
+}
+SRC = STORE_PACKAGE.parent
 STORE_HELPERS = {"_fetch", "_batch_fetch", "_fetchrow", "_fetchval", "_execute"}
 # Call sites whose argument count cannot be read from the call itself (executemany
 # takes rows; the claim queries take a built tuple); each one is checked another way below.
@@ -60,7 +63,19 @@ def call_sites(source: str) -> tuple[dict[str, list[int]], set[str]]:
     return counted, referenced
 
 
-COUNTED, REFERENCED = call_sites(STORE_SOURCE)
+def _store_call_sites() -> tuple[dict[str, list[int]], set[str]]:
+    """``call_sites`` over every module of the store package, merged."""
+    counted: dict[str, list[int]] = defaultdict(list)
+    referenced: set[str] = set()
+    for source in STORE_SOURCES.values():
+        file_counted, file_referenced = call_sites(source)
+        for name, counts in file_counted.items():
+            counted[name].extend(counts)
+        referenced |= file_referenced
+    return counted, referenced
+
+
+COUNTED, REFERENCED = _store_call_sites()
 
 
 def _description_params(description: str) -> list[int]:
@@ -75,26 +90,26 @@ def _description_params(description: str) -> list[int]:
 def test_every_query_is_used_by_the_store() -> None:
     """Each named query is referenced by the store: an unused query is dead SQL."""
     unused = set(QUERIES) - REFERENCED
-    assert not unused, f"queries never used in store.py: {sorted(unused)}"
+    assert not unused, f"queries never used in the store: {sorted(unused)}"
 
 
 def test_every_query_name_the_store_uses_exists() -> None:
     """Each name the store passes to a helper or QUERIES[...] is defined in queries.sql."""
     missing = REFERENCED - set(QUERIES)
-    assert not missing, f"store.py uses undefined queries: {sorted(missing)}"
+    assert not missing, f"the store uses undefined queries: {sorted(missing)}"
 
 
 def test_only_store_uses_queries() -> None:
     """No other module reaches for QUERIES: the store is the only code that talks to PostgreSQL."""
-    for path in SRC.glob("*.py"):
-        if path.name == "store.py":
+    for path in SRC.rglob("*.py"):
+        if STORE_PACKAGE in path.parents:
             continue
         names_from_queries = {
             name
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
             if (name := _queries_subscript(node)) is not None
         }
-        assert not names_from_queries, f"{path.name} uses {sorted(names_from_queries)}"
+        assert not names_from_queries, f"{path.relative_to(SRC)} uses {sorted(names_from_queries)}"
 
 
 @pytest.mark.parametrize("name", sorted(set(QUERIES) - UNCOUNTED))
@@ -108,17 +123,17 @@ def test_call_sites_pass_the_right_number_of_parameters(name: str) -> None:
 
 def test_claim_argument_tuples_match_their_queries() -> None:
     """claim_batch and register_waiting get built tuples: one value per placeholder."""
-    from coldbrew.store import ClaimRequest, _waiting_args
+    from coldbrew.store import ClaimRequest
+    from coldbrew.store.caps import _waiting_args
 
     request = ClaimRequest("j1", "t", "default", "default", {}, 0, 3, None, None)
-    store = JobStore.__new__(JobStore)
-    assert len(store._claim_args([request])) == QUERIES["claim_batch"].param_count
+    assert len(ClaimConfig().claim_args([request])) == QUERIES["claim_batch"].param_count
     assert len(_waiting_args(request)) == QUERIES["register_waiting"].param_count
 
 
 def test_insert_rejected_rows_have_one_value_per_parameter() -> None:
     """insert_rejected's rows are tuples with exactly the query's parameter count."""
-    hints = typing.get_type_hints(JobStore.insert_rejected)
+    hints = typing.get_type_hints(DeadLetterStore.insert_rejected)
     (row_type,) = typing.get_args(hints["rows"])
     assert len(typing.get_args(row_type)) == QUERIES["insert_rejected"].param_count
 

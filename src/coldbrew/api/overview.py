@@ -116,7 +116,7 @@ async def collect(
 ) -> Overview:
     """Read everything the principal may see, and fold this load into the drain rates."""
     tenant = principal.tenant
-    rows = await store.queue_stats(tenant)
+    rows = await store.stats.queue_stats(tenant)
     now = time.monotonic()
     lanes = []
     for row in rows:
@@ -126,7 +126,7 @@ async def collect(
         depth = row.queued + row.retrying
         wait = None if rate is None else rates.estimated_wait(key, depth)
         lanes.append(Lane(row, rate, wait))
-    tenants = [t for t in await store.list_tenants() if principal.may_see(t.name)]
-    dead = [DeadJob.of(job) for job in await store.recent_dead(tenant, dead_limit)]
-    rejected = await store.rejected_counts(tenant)
+    tenants = [t for t in await store.tenants.list_tenants() if principal.may_see(t.name)]
+    dead = [DeadJob.of(job) for job in await store.dead.recent_dead(tenant, dead_limit)]
+    rejected = await store.dead.rejected_counts(tenant)
     return Overview(tenant, datetime.now(UTC), lanes, tenants, dead, rejected)

@@ -116,7 +116,7 @@ class WebhookDispatcher:
         if not self._pending:
             return []
         try:
-            return await client.store.get_finished_jobs(list(self._pending))
+            return await client.store.jobs.get_finished_jobs(list(self._pending))
         except ServiceUnavailable as exc:  # keep the ids; look again on the next turn
             log.warning("webhook_poll_failed", error=str(exc))
             return []

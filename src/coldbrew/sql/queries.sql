@@ -443,3 +443,48 @@ ORDER BY queue, tenant;
 -- name: schema_version
 -- The latest applied migration's version, or null
 SELECT max(version) FROM schema_migrations;
+
+-- name: ping
+-- Whether the server answers at all, for readiness (no parameters)
+SELECT 1;
+
+-- The statements of `coldbrew migrate` (store/schema.py) run on a connection of
+-- their own, before the namespace's schema exists, so they name it. A schema or
+-- database cannot be bound to a placeholder: {schema} and {database} are filled
+-- in with the quoted identifier, and nothing else is ever formatted into SQL.
+
+-- name: create_database
+-- Create a missing database, through the "postgres" database ({database} its quoted name; no parameters)
+CREATE DATABASE {database};
+
+-- name: lock_migrations
+-- Serialize the migration runs of one namespace across processes, until the transaction ends ($1 namespace)
+SELECT pg_advisory_xact_lock(hashtext('coldbrew.migrate.' || $1));
+
+-- name: create_schema
+-- The namespace's schema, unless it exists ({schema} its quoted name; no parameters)
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- name: use_schema
+-- Search the namespace's schema for the rest of the transaction, as SET LOCAL search_path does ($1 quoted schema name)
+SELECT set_config('search_path', $1, true);
+
+-- name: create_migrations_table
+-- The record of applied migrations, unless it exists (no parameters)
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     integer PRIMARY KEY,
+    name        text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migration_applied
+-- Whether a migration was applied already: a row, or none ($1 version)
+SELECT 1 FROM schema_migrations WHERE version = $1;
+
+-- name: record_migration
+-- Record a migration as applied, in its own transaction ($1 version, $2 name)
+INSERT INTO schema_migrations (version, name) VALUES ($1, $2);
+
+-- name: drop_schema
+-- Drop a namespace's schema and everything in it ({schema} its quoted name; no parameters)
+DROP SCHEMA IF EXISTS {schema} CASCADE;

@@ -77,7 +77,7 @@ class DeadLetters:
         ]
 
         async def record_and_copy() -> bool:
-            await self.store.insert_rejected(rows)
+            await self.store.dead.insert_rejected(rows)
             for message, violation in batch:
                 await self.broker.publish_dead(
                     message.body,

@@ -69,13 +69,13 @@ class Heartbeat:
     async def _flush_progress(self) -> None:
         updates = self.inflight.take_progress()
         if updates:
-            await self.store.write_progress(updates)
+            await self.store.leases.write_progress(updates)
 
     async def _extend_leases(self) -> None:
         held = self.inflight.held()
         if not held:
             return
-        alive = await self.store.extend_leases(held, self.lease_seconds)
+        alive = await self.store.leases.extend_leases(held, self.lease_seconds)
         self.metrics.lease_extensions.inc(len(alive))
         for job_id, attempt in held:
             state = self.inflight.get(job_id)

@@ -232,8 +232,14 @@ class Intake:
         if not scopes:
             await self.runner.process(pending.payload)
             return
+        delivery = pending.payload
         try:
-            verdict = await self.runner.process(pending.payload, capped=True)
+            claim = await self.runner.claim(delivery, capped=True)
+            if claim is None:  # drained during an outage: handed back already
+                self.caps.claim_over(pending)
+                return
+            self.caps.capped_claim_done(claim)  # before the job runs: the next may try now
+            verdict = await self.runner.run_claimed(delivery, claim)
         except BaseException:
             self.caps.claim_over(pending)
             raise

@@ -184,7 +184,7 @@ async def _build(
     stack: AsyncExitStack, shared: Shared, store: JobStore, broker: Broker, runner: JobRunner
 ) -> Parts:
     settings, metrics = shared.settings, shared.metrics
-    metrics.watch_group_commits([store.claims, store.completions, store.releases])
+    metrics.watch_group_commits(store.group_commits)
     stats = StatsSnapshot(store, max_tenants=settings.metrics_max_tenants)
     stats.register(metrics)
     dead_letters = DeadLetters(store, broker, metrics)
@@ -201,7 +201,6 @@ async def _build(
         sweep_returns=SweepReturns(),
         cap_listening=lambda: tenants is not None and tenants.cap_listening,
     )
-    store.on_capped_claim = intake.caps.capped_claim_done
     consumers = LaneConsumers(shared, broker, intake)
     tenants = TenantQueues(
         resync_seconds=settings.tenant_resync_seconds,

@@ -40,7 +40,7 @@ class Reaper:
 
     async def reap_expired(self) -> int:
         """Make jobs whose lease expired due again (or dead); return how many."""
-        rows = await self.store.reap_expired()
+        rows = await self.store.leases.reap_expired()
         for row in rows:
             status = row["status"]
             log.info("lease_expired", job_id=row["id"], attempt=row["attempt"], next_status=status)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import structlog
 
 from coldbrew.broker import Broker
+from coldbrew.claimacks import ClaimAcks
 from coldbrew.errors import (
     BrokerUnavailable,
     DatabaseUnavailable,
@@ -25,7 +26,7 @@ from coldbrew.errors import (
 )
 from coldbrew.jobstate import Delivery, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
-from coldbrew.store import JobStore, Outcome
+from coldbrew.store import CommitMark, JobStore, Outcome
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.service import until_available
 
@@ -37,9 +38,16 @@ class OutcomeWriter:
     """Writes outcomes and dead-letter copies; waits out database outages for the runner."""
 
     def __init__(
-        self, *, store: JobStore, broker: Broker, metrics: Metrics, lifecycle: Lifecycle
+        self,
+        *,
+        store: JobStore,
+        broker: Broker,
+        metrics: Metrics,
+        lifecycle: Lifecycle,
+        claim_acks: ClaimAcks | None,
     ) -> None:
         self.store = store
+        self.claim_acks = claim_acks
         self.broker = broker
         self.metrics = metrics
         self.lifecycle = lifecycle
@@ -56,7 +64,7 @@ class OutcomeWriter:
             return
         if outcome is Stop.RELEASED:  # the delivery is acked: the relay publishes it again
             await self.until_db_ok(
-                lambda: self.store.releases.submit((state.id, state.attempt, True)),
+                lambda: self.store.leases.release_batches.submit((state.id, state.attempt, True)),
                 give_up_on_stop=False,
             )
             handles.finish("released", elapsed)
@@ -67,11 +75,13 @@ class OutcomeWriter:
             )
             state.progress = None
         written = await self._complete(outcome)
-        if not written:
+        if written is None:
             self.metrics.fenced_writes.labels("complete").inc()
             handles.finish("fenced", elapsed)
             log.warning("outcome_fenced", job_id=state.id, attempt=state.attempt)
         else:
+            if self.claim_acks is not None:  # its commit made earlier async claims durable
+                self.claim_acks.completed(written)
             handles.finish(outcome.status, elapsed)  # type: ignore[arg-type]
             if outcome.status == "retrying":
                 handles.retries.inc()
@@ -81,13 +91,14 @@ class OutcomeWriter:
                 )
         log.debug("job_finished", job_id=state.id, status=outcome.status, seconds=round(elapsed, 4))
 
-    async def _complete(self, outcome: Outcome) -> bool | None:
+    async def _complete(self, outcome: Outcome) -> CommitMark | None:
         """Write the outcome; cancelling the job's task (a drain) must not drop the write.
+        Returns the mark of the commit that wrote it, or None when it was fenced.
 
         The usual case costs one shielded future; only a database outage
         starts a task, which retries until the write lands.
         """
-        future = self.store.complete_soon(outcome)
+        future = self.store.claims.complete_soon(outcome)
         try:
             written = await asyncio.shield(future)
         except asyncio.CancelledError:  # the write goes on; if it fails, retry it detached
@@ -103,15 +114,15 @@ class OutcomeWriter:
             return written
         return await asyncio.shield(self._write_through_outage(outcome))
 
-    def _retry_if_failed(self, outcome: Outcome, done: asyncio.Future[bool]) -> None:
+    def _retry_if_failed(self, outcome: Outcome, done: asyncio.Future[CommitMark | None]) -> None:
         if done.cancelled() or not isinstance(done.exception(), DatabaseUnavailable):
             return  # written, fenced, or shut down with the store
         self._write_through_outage(outcome)
 
-    def _write_through_outage(self, outcome: Outcome) -> asyncio.Task[bool | None]:
+    def _write_through_outage(self, outcome: Outcome) -> asyncio.Task[CommitMark | None]:
         """A supervised task that retries the outcome's write until PostgreSQL answers."""
         task = asyncio.create_task(
-            self.until_db_ok(lambda: self.store.complete(outcome), give_up_on_stop=False),
+            self.until_db_ok(lambda: self.store.claims.complete(outcome), give_up_on_stop=False),
             name=f"complete:{outcome.id}",
         )
         self._detached.add(task)

@@ -59,12 +59,12 @@ class Relay:
 
     async def publish_due(self) -> int:
         """Publish one batch of due rows; return how many were due."""
-        rows = await self.store.take_due_publishes(self.batch, self.retry_after)
+        rows = await self.store.outbox.take_due_publishes(self.batch, self.retry_after)
         if not rows:
             return 0
         confirmed = await self.broker.publish_jobs([message_for(row) for row in rows])
         marks = [(row.id, row.publish_after) for row, ok in zip(rows, confirmed, strict=True) if ok]
-        await self.store.mark_published(marks)
+        await self.store.outbox.mark_published(marks)
         for row, ok in zip(rows, confirmed, strict=True):
             if ok:
                 cause = "submission" if row.attempt == 0 else "retry"

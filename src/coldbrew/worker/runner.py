@@ -27,6 +27,7 @@ import structlog
 
 from coldbrew.breaker import Breakers
 from coldbrew.broker import Broker
+from coldbrew.caps import claim_capped
 from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.context import Context
 from coldbrew.deliveries import ack_soon, settle
@@ -69,38 +70,57 @@ class JobRunner:
         self.inflight = inflight
         self.lifecycle = lifecycle
         self._rand = random.Random()
-        self.writer = OutcomeWriter(
-            store=store, broker=broker, metrics=metrics, lifecycle=lifecycle
-        )
         self.breakers = breakers
         # COLDBREW_CLAIM_COMMIT=async: a delivery's ack waits until its claim is durable
         self.claim_acks: ClaimAcks | None = None
         if settings.claim_commit == "async":
             self.claim_acks = ClaimAcks(
-                store,
+                store.claims,
                 metrics,
                 delay=settings.claim_barrier_seconds,
                 worker_id=settings.worker_id,
                 stop_job=self._stop_lost,
             )
+        self.writer = OutcomeWriter(
+            store=store,
+            broker=broker,
+            metrics=metrics,
+            lifecycle=lifecycle,
+            claim_acks=self.claim_acks,
+        )
 
     # --- one delivery -------------------------------------------------------------
 
-    async def process(self, delivery: Delivery, *, capped: bool = False) -> str | None:
-        """Claim, ack, run and record one delivery. Never raises (but CancelledError).
+    async def process(self, delivery: Delivery) -> None:
+        """Claim, ack, run and record one delivery of no capped scope. Never raises
+        (but CancelledError)."""
+        claim = await self.claim(delivery, capped=False)
+        if claim is not None:
+            await self.run_claimed(delivery, claim)
+
+    async def claim(self, delivery: Delivery, *, capped: bool) -> ClaimResult | None:
+        """Upsert and claim the delivery's job, waiting out a database outage.
 
         ``capped``: the job's tenant or type has a fleet-wide cap, so the claim
-        goes through the serialized capped path. Returns ``capped:<scope>`` when
-        the cap left no room: the delivery is then neither acked nor run, and
-        the caller holds it until a place frees.
+        goes through the serialized capped path (caps/claim.py). None when the
+        worker drains during the outage: the delivery is then handed back.
+        """
+        request = self._claim_request(delivery)
+        if capped:
+            claim = await self.writer.until_db_ok(lambda: claim_capped(self.store.caps, request))
+        else:
+            claim = await self.writer.until_db_ok(lambda: self.store.claims.claim(request))
+        if claim is None:  # stopping while the database is away: let another worker have it
+            await settle(delivery.message, requeue=True)
+        return claim
+
+    async def run_claimed(self, delivery: Delivery, claim: ClaimResult) -> str | None:
+        """Ack, run and record a claimed job; ack a duplicate; tell a full cap.
+
+        Returns ``capped:<scope>`` when the cap left no room: the delivery is
+        then neither acked nor run, and the caller holds it until a place frees.
         """
         message = delivery.message
-        request = self._claim_request(delivery)
-        claim_op = self.store.claim_capped if capped else self.store.claim
-        claim = await self.writer.until_db_ok(lambda: claim_op(request))
-        if claim is None:  # stopping while the database is away: let another worker have it
-            await settle(message, requeue=True)
-            return None
         if claim.status.startswith("capped:"):
             return claim.status
         if not claim.claimed:

@@ -218,4 +218,4 @@ class Worker:
         await runner.settle_claim_acks(timeout=10.0)
         if freed := intake.caps.freed_at_drain():  # released jobs freed places: tell the fleet
             with contextlib.suppress(DatabaseUnavailable):
-                await self.parts.store.notify_caps_freed(freed)
+                await self.parts.store.caps.notify_caps_freed(freed)

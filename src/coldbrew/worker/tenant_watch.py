@@ -72,7 +72,7 @@ class TenantQueues:
     async def ensure(self, queue: str, tenant: str) -> None:
         """Declare, record and announce one (lane, tenant) queue (idempotent)."""
         await self.broker.declare_job_queue(queue, tenant)
-        if await self.store.add_tenant_queue(queue, tenant, self.topology.tenant_channel):
+        if await self.store.tenants.add_tenant_queue(queue, tenant, self.topology.tenant_channel):
             self.metrics.tenants_provisioned.inc()
             log.info("tenant_queue_provisioned", queue=queue, tenant=tenant)
         await self._on_queue(queue, tenant)
@@ -96,7 +96,7 @@ class TenantQueues:
 
     async def sync(self) -> int:
         """Consume every recorded queue of our lanes and apply tenant settings (the resync)."""
-        pairs = await self.store.list_tenant_queues()
+        pairs = await self.store.tenants.list_tenant_queues()
         for queue, tenant in pairs:
             await self._on_queue(queue, tenant)
         await self.sync_settings()
@@ -104,8 +104,8 @@ class TenantQueues:
 
     async def sync_settings(self) -> None:
         if self._on_settings is not None:
-            tenants = await self.store.list_tenants()
-            self._on_settings(tenants, await self.store.list_job_types())
+            tenants = await self.store.tenants.list_tenants()
+            self._on_settings(tenants, await self.store.tenants.list_job_types())
 
     async def run(self, stop: asyncio.Event) -> None:
         """LISTEN for new queues; resync on every (re)connect and every ``resync_seconds``."""
@@ -115,7 +115,7 @@ class TenantQueues:
                 listening = self.store.listen(self.topology.tenant_channel, self._hinted.put_nowait)
                 async with listening as conn:
                     if self._on_cap_freed is not None:
-                        await conn.add_listener(self.store.cap_channel(), self._cap_freed)
+                        await conn.add_listener(self.store.caps.cap_channel(), self._cap_freed)
                     try:
                         self.cap_listening = self._on_cap_freed is not None
                         await self.sync()

@@ -2,7 +2,7 @@
 
 A tenant's or a job type's cap (``coldbrew tenants set T --max-running N``,
 ``coldbrew types set TYPE --max-running N``) is enforced at claim, in
-PostgreSQL (``JobStore.claim_capped``: the scopes' advisory locks, taken
+PostgreSQL (``claim_capped`` in claim.py: the scopes' advisory locks, taken
 without waiting, then a count of their ``running`` rows). The gate decides
 *when* a capped delivery may try that claim, so that a full cap costs neither
 job slots nor a stream of futile claims:
@@ -41,13 +41,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from coldbrew.jobstate import Delivery
 from coldbrew.metrics import Metrics
 from coldbrew.scheduler import FairScheduler, Pending
-from coldbrew.store import ClaimRequest, ClaimResult
+from coldbrew.store.records import ClaimResult
 
 __all__ = ["CAP_BUSY_RETRY", "CAP_RETRY_FIRST", "CAP_RETRY_MAX", "CapGate", "Scope"]
 
@@ -95,6 +95,12 @@ class _CapScope:
         """Nothing to remember (a grown backoff is kept until a place frees)."""
         waiting = self.claiming or self.full or bool(self.held) or self.timer is not None
         return not waiting and self.fulls == 0
+
+    def hold(self, pending: Pending[Delivery], aging: float, weights: dict[str, float]) -> None:
+        """Keep a type's delivery in ``held`` (in its order) until the scope may claim."""
+        if self.held is None:
+            self.held = FairScheduler(aging_seconds=aging, weights=weights)
+        self.held.push(pending)
 
 
 class CapGate:
@@ -201,7 +207,7 @@ class CapGate:
         for scope in scopes:
             cap = self._scopes.get(scope)
             if scope[0] == "type" and cap is not None and cap.blocked:
-                self._hold(scope, cap, pending)
+                cap.hold(pending, self._aging_seconds, self._weights)
                 return False
         for scope in scopes:
             cap = self._cap(scope)
@@ -211,19 +217,19 @@ class CapGate:
 
     # --- how a claim ended ---------------------------------------------------------
 
-    def capped_claim_done(
-        self, request: ClaimRequest, result: ClaimResult, left: Mapping[str, int]
-    ) -> None:
-        """``JobStore.on_capped_claim``: a claim that took a place lets the scope's next
-        waiting delivery try at once, while this job runs, unless it took the last place
-        (``left``); a claim that found a duplicate lets it try too."""
+    def capped_claim_done(self, result: ClaimResult) -> None:
+        """Told each capped claim's result by the intake as soon as it is known, before the
+        job runs: a claim that took a place lets the scope's next waiting delivery try at
+        once, while this job runs, unless it took the last place (``result.places_left``);
+        a claim that found a duplicate lets it try too."""
         if result.status.startswith("capped:"):
             return  # the worker parks it (``park``), in this same step
-        entry = self._claiming.pop(request.id, None)
+        entry = self._claiming.pop(result.id, None)
         if entry is None:
             return
         scopes = entry[1]
         if result.claimed:
+            left = result.places_left or {}
             for scope in scopes:
                 if (cap := self._scopes.get(scope)) is not None:
                     cap.fulls = 0
@@ -252,7 +258,7 @@ class CapGate:
         if kind == "tenant":  # waits in the scheduler, where the tenant is held back meanwhile
             self._scheduler.push(pending)
         else:
-            self._hold(scope, cap, pending)
+            cap.hold(pending, self._aging_seconds, self._weights)
         self._mark_full(scope, cap, busy=bool(busy))
 
     def job_done(
@@ -329,11 +335,6 @@ class CapGate:
                 self._held_ready.add(scope)
             if forget and cap.idle:
                 del self._scopes[scope]
-
-    def _hold(self, scope: Scope, cap: _CapScope, pending: Pending[Delivery]) -> None:
-        if cap.held is None:
-            cap.held = FairScheduler(aging_seconds=self._aging_seconds, weights=self._weights)
-        cap.held.push(pending)
 
     def _mark_full(self, scope: Scope, cap: _CapScope, *, busy: bool) -> None:
         """The scope has no place (or another worker was claiming one): wait for a wake."""

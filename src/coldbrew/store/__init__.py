@@ -1,0 +1,81 @@
+"""The job store: the only code that talks to PostgreSQL.
+
+``JobStore.open(...)`` opens one pool; the stores over it are grouped by
+concern, each with one method per named query in ``sql/queries.sql``:
+
+- ``store.jobs`` (jobs.py): submissions, reads, cancels, an attempt's fenced writes;
+- ``store.outbox`` (outbox.py): due publishes, for the relay;
+- ``store.claims`` (claims.py): claims and outcomes through group commit, durability;
+- ``store.leases`` (leases.py): heartbeats, progress, releases, expired leases;
+- ``store.caps`` (caps.py): the capped claim's statements, cap NOTIFYs;
+- ``store.tenants`` (tenants.py): tenant queues, tenant and job-type settings;
+- ``store.dead`` (dead.py): dead jobs and rejected messages;
+- ``store.stats`` (stats.py): counts per lane and tenant.
+
+``base.py`` holds the pool, the batch connections and the one place where
+driver errors are translated (``DatabaseUnavailable``); ``records.py`` the
+values that go in and out; ``schema.py`` the statements of ``coldbrew migrate``.
+"""
+
+from __future__ import annotations
+
+from coldbrew.store.base import (
+    CONNECTION_ERRORS,
+    GATHER_TURNS,
+    KEYED_BATCH_PLANS,
+    Database,
+    connection_settings,
+)
+from coldbrew.store.caps import CapClaim, CapStore
+from coldbrew.store.claims import ClaimConfig, ClaimStore
+from coldbrew.store.dead import DeadLetterStore
+from coldbrew.store.jobs import JobRows
+from coldbrew.store.jobstore import JobStore
+from coldbrew.store.leases import LeaseStore
+from coldbrew.store.outbox import Outbox
+from coldbrew.store.records import (
+    CapLocks,
+    CapRoom,
+    ClaimRequest,
+    ClaimResult,
+    CommitMark,
+    DuePublish,
+    JobTypeSettings,
+    Outcome,
+    QueueStats,
+    RawJSON,
+    TenantSettings,
+)
+from coldbrew.store.stats import StatsStore
+from coldbrew.store.tenants import TENANTS_CHANGED, TenantStore
+
+__all__ = [
+    "CONNECTION_ERRORS",
+    "GATHER_TURNS",
+    "KEYED_BATCH_PLANS",
+    "TENANTS_CHANGED",
+    "CapClaim",
+    "CapLocks",
+    "CapRoom",
+    "CapStore",
+    "ClaimConfig",
+    "ClaimRequest",
+    "ClaimResult",
+    "ClaimStore",
+    "CommitMark",
+    "Database",
+    "DeadLetterStore",
+    "DuePublish",
+    "JobRows",
+    "JobStore",
+    "JobTypeSettings",
+    "LeaseStore",
+    "Outbox",
+    "Outcome",
+    "QueueStats",
+    "RawJSON",
+    "StatsStore",
+    "TenantSettings",
+    "TenantStore",
+    "connection_settings",
+]

@@ -1,0 +1,163 @@
+"""``ClaimStore``: the hot path -- claims and outcomes, each through group commit.
+
+A claim upserts the delivered job and takes one attempt under a lease; an
+outcome is written fenced by that attempt. Both go through ``GroupCommit``
+(batching.py): many concurrent callers, one statement per batch.
+
+With ``COLDBREW_CLAIM_COMMIT=async`` a claim batch commits without waiting for
+the WAL flush, and each claim carries a ``CommitMark``. What later makes it
+durable is returned to the caller, not told to a hook: a written outcome
+returns the mark of its synchronous commit, and ``durability_barrier`` the
+mark it made (claimacks.py holds the acks until then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from coldbrew.batching import GroupCommit
+from coldbrew.store.base import GATHER_TURNS, Database, StoreBase
+from coldbrew.store.records import ClaimRequest, ClaimResult, CommitMark, Outcome
+
+CLAIM_COMMITS = ("sync", "async")
+
+
+@dataclass(slots=True)
+class ClaimConfig:
+    """The lease and owner every claim of this store carries, and how claim batches commit
+    (``sync``, or ``async``: see ``CommitMark``). Shared with the capped claims."""
+
+    lease_seconds: float = 30.0
+    worker_id: str = "unknown"
+    commit: str = "sync"
+
+    def claim_args(self, requests: Sequence[ClaimRequest]) -> tuple[Any, ...]:
+        """The parameters of ``claim_batch`` for ``requests``."""
+        return (
+            [r.id for r in requests],
+            [r.type for r in requests],
+            [r.queue for r in requests],
+            [r.tenant for r in requests],
+            [r.args for r in requests],
+            [r.priority for r in requests],
+            [r.max_attempts for r in requests],
+            [r.timeout for r in requests],
+            [r.idempotency_key for r in requests],
+            self.lease_seconds,
+            self.worker_id,
+        )
+
+
+def claim_result(
+    row: Any, claimed: bool, status: str, mark: CommitMark | None = None
+) -> ClaimResult:
+    return ClaimResult(
+        id=row["id"],
+        claimed=claimed,
+        status=status,
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        timeout=row["timeout_seconds"],
+        checkpoint=row["checkpoint"],
+        started_at=row["started_at"],
+        mark=mark,
+    )
+
+
+def vanished(job_id: str) -> ClaimResult:
+    """A claim that found no row at all: another worker's insert is still in flight."""
+    return ClaimResult(job_id, False, "unknown", 0, 0, None, None, None)
+
+
+class ClaimStore(StoreBase):
+    """Claims and outcomes through group commit, and what makes async claims durable."""
+
+    def __init__(self, db: Database, config: ClaimConfig) -> None:
+        super().__init__(db)
+        self._config = config
+        self.claim_batches: GroupCommit[ClaimRequest, ClaimResult] = GroupCommit(
+            "claim", self._claim_batch, gather_turns=GATHER_TURNS
+        )
+        self.completion_batches: GroupCommit[Outcome, CommitMark | None] = GroupCommit(
+            "complete", self._complete_batch, gather_turns=GATHER_TURNS
+        )
+        self._claim_seq = 0  # claim batches that returned so far (CommitMark.seq)
+
+    async def claim(self, request: ClaimRequest) -> ClaimResult:
+        return await self.claim_batches.submit(request)
+
+    async def complete(self, outcome: Outcome) -> CommitMark | None:
+        """Write an attempt's outcome; None when it was fenced (the row moved on).
+
+        Written, it returns the mark of the synchronous commit that wrote it:
+        every asynchronous claim committed on ``mark.server`` with a ``seq`` up
+        to ``mark.seq`` is durable now. The outcomes of one batch share one mark.
+        """
+        return await self.completion_batches.submit(outcome)
+
+    def complete_soon(self, outcome: Outcome) -> asyncio.Future[CommitMark | None]:
+        """``complete`` as a future: the write proceeds even if its waiter is cancelled."""
+        return self.completion_batches.enqueue(outcome)
+
+    async def durability_barrier(self) -> tuple[datetime, int]:
+        """Commit a tiny transaction synchronously; return ``(server, seq)`` it made durable.
+
+        Every asynchronous claim committed on ``server`` with ``mark.seq <= seq``
+        is on disk once this returns. A claim made on another server start is
+        not covered: it may be lost.
+        """
+        covers = self._claim_seq
+        rows = await self._batch_fetch("durability_barrier")
+        server: datetime = rows[0]["server_started"]
+        return server, covers
+
+    async def verify_claims(self, ids: Sequence[str]) -> dict[str, asyncpg.Record]:
+        """The rows of these jobs (those that exist), by id: did their claims survive a restart?"""
+        rows = await self._fetch("verify_claims", list(ids))
+        return {row["id"]: row for row in rows}
+
+    async def close(self) -> None:
+        """Wait for the batches in flight."""
+        await self.claim_batches.close()
+        await self.completion_batches.close()
+
+    async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        rows = await self._batch_fetch("claim_batch", *self._config.claim_args(requests))
+        mark = None
+        if self._config.commit == "async":
+            self._claim_seq += 1
+            mark = CommitMark(self._db.batch_server("claim_batch"), self._claim_seq)
+        found = {
+            row["id"]: claim_result(
+                row, row["claimed"], row["status"], mark if row["claimed"] else None
+            )
+            for row in rows
+        }
+        return [found.get(r.id) or vanished(r.id) for r in requests]
+
+    async def _complete_batch(self, outcomes: Sequence[Outcome]) -> list[CommitMark | None]:
+        covers = self._claim_seq  # claim batches that committed before this statement is sent
+        rows = await self._batch_fetch(
+            "complete_batch",
+            [o.id for o in outcomes],
+            [o.attempt for o in outcomes],
+            [o.status for o in outcomes],
+            [o.result for o in outcomes],
+            [o.error_kind for o in outcomes],
+            [o.error_message for o in outcomes],
+            [o.delay for o in outcomes],
+            [o.dead_reason for o in outcomes],
+            [o.progress for o in outcomes],
+            [o.progress_message for o in outcomes],
+        )
+        written = {row["id"] for row in rows}
+        if not written:  # a transaction that changed nothing writes no commit record: no flush
+            return [None] * len(outcomes)
+        mark = CommitMark(self._db.batch_server("complete_batch"), covers)
+        return [mark if o.id in written else None for o in outcomes]

@@ -1,0 +1,50 @@
+"""``DeadLetterStore``: dead jobs and rejected messages, listed, counted and replayed.
+
+A dead job is a row whose status is ``dead``; a rejected message broke the
+contract before it became a job, and is kept with its original bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from coldbrew.model import JobRecord
+from coldbrew.sql import QUERIES
+from coldbrew.store.base import StoreBase
+
+
+class DeadLetterStore(StoreBase):
+    """The dead-letter side: dead jobs (``coldbrew dlq``) and rejected messages."""
+
+    async def dlq_list(self, reason_contains: str | None, limit: int) -> list[JobRecord]:
+        rows = await self._fetch("dlq_list", reason_contains, limit)
+        return [JobRecord.from_row(row) for row in rows]
+
+    async def recent_dead(self, tenant: str | None, limit: int) -> list[JobRecord]:
+        """The newest dead jobs, of one tenant or (``None``) of all, for the dashboard."""
+        rows = await self._fetch("recent_dead", tenant, limit)
+        return [JobRecord.from_row(row) for row in rows]
+
+    async def dlq_replay(
+        self, reason_contains: str | None, job_id: str | None, limit: int, budget: int
+    ) -> list[str]:
+        rows = await self._fetch("dlq_replay", reason_contains, job_id, limit, budget)
+        return [row["id"] for row in rows]
+
+    async def insert_rejected(
+        self,
+        rows: Sequence[tuple[str, str, str | None, str, dict[str, Any] | None, bytes]],
+    ) -> None:
+        query = QUERIES["insert_rejected"].text
+        await self._run(lambda conn: conn.executemany(query, rows))
+
+    async def list_rejected(self, reason_contains: str | None, limit: int) -> list[asyncpg.Record]:
+        return await self._fetch("list_rejected", reason_contains, limit)
+
+    async def rejected_counts(self, tenant: str | None = None) -> dict[str, int]:
+        """Rejected messages by reason; with ``tenant``, only those routed to that tenant."""
+        rows = await self._fetch("rejected_counts", tenant)
+        return {row["reason"]: row["count"] for row in rows}

@@ -1,0 +1,87 @@
+"""``JobRows``: a job's row as producers and its own attempt see it.
+
+Submit, read, cancel; and the fenced writes a running attempt makes from its
+``Context`` (checkpoints, at-most-once guards), each refused with
+``StaleWrite`` once the attempt no longer holds the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from coldbrew.errors import JobNotFound, StaleWrite
+from coldbrew.model import JobRecord
+from coldbrew.sql import QUERIES
+from coldbrew.store.base import StoreBase
+from coldbrew.store.records import ClaimRequest
+
+
+class JobRows(StoreBase):
+    """Job rows: submissions, reads, cancels, and an attempt's own fenced writes."""
+
+    async def insert_job(
+        self, request: ClaimRequest, *, relay_grace: float
+    ) -> tuple[JobRecord, datetime | None]:
+        """Insert a queued, unpublished job; return it and, if it is new, its publish mark."""
+        row = await self._fetchrow(
+            "insert_job",
+            request.id,
+            request.type,
+            request.queue,
+            request.tenant,
+            request.args,
+            request.priority,
+            request.max_attempts,
+            request.timeout,
+            request.idempotency_key,
+            relay_grace,
+        )
+        if row is not None:
+            return JobRecord.from_row(row), row["publish_after"]
+        return await self.get_job(request.id), None
+
+    async def get_job(self, job_id: str) -> JobRecord:
+        row = await self._fetchrow("get_job", job_id)
+        if row is None:
+            raise JobNotFound(job_id)
+        return JobRecord.from_row(row)
+
+    async def get_finished_jobs(self, ids: Sequence[str]) -> list[JobRecord]:
+        """Which of ``ids`` are terminal: one primary-key lookup per id, in one statement."""
+        return [
+            JobRecord.from_row(row) for row in await self._fetch("get_finished_jobs", list(ids))
+        ]
+
+    async def request_cancel(self, job_id: str, reason: str) -> JobRecord:
+        row = await self._fetchrow("request_cancel", job_id, reason)
+        if row is None:
+            return await self.get_job(job_id)  # raises JobNotFound, or shows the final status
+        return JobRecord.from_row(row)
+
+    # --- an attempt's own writes (fenced) ------------------------------------------------
+
+    async def claim_once(self, job_id: str, name: str, attempt: int) -> bool:
+        row = await self._fetchrow("claim_once", job_id, name, attempt)
+        if row is None or not row["holds"]:
+            raise StaleWrite(f"job {job_id} attempt {attempt} no longer holds its claim")
+        return bool(row["taken"])
+
+    @asynccontextmanager
+    async def once_transaction(
+        self, job_id: str, name: str, attempt: int
+    ) -> AsyncIterator[asyncpg.Connection | None]:
+        """A transaction holding the once-guard; yields the connection, or None if taken."""
+        async with self._db.transaction() as conn:
+            row = await conn.fetchrow(QUERIES["claim_once"].text, job_id, name, attempt)
+            if row is None or not row["holds"]:
+                raise StaleWrite(f"job {job_id} attempt {attempt} no longer holds its claim")
+            yield conn if row["taken"] else None
+
+    async def save_checkpoint(self, job_id: str, attempt: int, state: Any) -> None:
+        if await self._fetchval("save_checkpoint", job_id, attempt, state) is None:
+            raise StaleWrite(f"job {job_id} attempt {attempt} no longer holds its claim")

@@ -1,0 +1,73 @@
+"""``LeaseStore``: claimed jobs while they are held -- heartbeats, progress, hand-backs, expiry.
+
+Every write here is fenced by attempt: a job this worker no longer holds is
+left alone and simply missing from what comes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+
+from coldbrew.batching import GroupCommit
+from coldbrew.store.base import Database, StoreBase
+
+
+class LeaseStore(StoreBase):
+    """The leases of running jobs: extended, reported on, released, or reaped once expired."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        # a drain hands back every held job at once: one statement per batch, not per job
+        self.release_batches: GroupCommit[tuple[str, int, bool], bool] = GroupCommit(
+            "release", self._release_batch
+        )
+
+    async def extend_leases(
+        self, held: Sequence[tuple[str, int]], lease_seconds: float
+    ) -> dict[str, str | None]:
+        """Extend leases; return the jobs still held, each with its cancel reason (or None)."""
+        if not held:
+            return {}
+        rows = await self._fetch(
+            "extend_leases", [h[0] for h in held], [h[1] for h in held], lease_seconds
+        )
+        return {
+            row["id"]: (row["cancel_reason"] or "cancelled") if row["cancel_requested"] else None
+            for row in rows
+        }
+
+    async def write_progress(
+        self, updates: Sequence[tuple[str, int, float | None, str | None]]
+    ) -> set[str]:
+        if not updates:
+            return set()
+        rows = await self._fetch(
+            "write_progress",
+            [u[0] for u in updates],
+            [u[1] for u in updates],
+            [u[2] for u in updates],
+            [u[3] for u in updates],
+        )
+        return {row["id"] for row in rows}
+
+    async def release(self, held: Sequence[tuple[str, int, bool]]) -> set[str]:
+        """Hand jobs back as queued; ``republish`` for those whose delivery was already acked."""
+        if not held:
+            return set()
+        rows = await self._fetch(
+            "release_jobs", [h[0] for h in held], [h[1] for h in held], [h[2] for h in held]
+        )
+        return {row["id"] for row in rows}
+
+    async def reap_expired(self, limit: int = 500) -> list[asyncpg.Record]:
+        return await self._fetch("reap_expired", limit)
+
+    async def close(self) -> None:
+        """Wait for the release batch in flight."""
+        await self.release_batches.close()
+
+    async def _release_batch(self, held: Sequence[tuple[str, int, bool]]) -> list[bool]:
+        released = await self.release(held)
+        return [h[0] in released for h in held]
