@@ -94,7 +94,7 @@ async def read_until_closed(reader: asyncio.StreamReader, within: float) -> byte
 
 
 async def queued_jobs(client: Client) -> int:
-    return sum(lane.queued for lane in await client.store.queue_stats())
+    return sum(lane.queued for lane in await client.store.stats.queue_stats())
 
 
 def parse(raw: bytes) -> tuple[int, dict[str, str], Any]:
