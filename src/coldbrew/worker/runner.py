@@ -31,10 +31,8 @@ import structlog
 
 from coldbrew import retry
 from coldbrew.breaker import Breakers
-from coldbrew.broker import Broker
 from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.context import Context
-from coldbrew.deliveries import ack_soon, settle
 from coldbrew.errors import (
     BrokerUnavailable,
     DatabaseUnavailable,
@@ -48,6 +46,7 @@ from coldbrew.metrics import Metrics
 from coldbrew.procpool import ProcessPool
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest, ClaimResult, JobStore, Outcome, RawJSON
+from coldbrew.transport import Broker
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.service import until_available
 
@@ -106,7 +105,7 @@ class JobRunner:
         claim_op = self.store.claim_capped if capped else self.store.claim
         claim = await self._until_db_ok(lambda: claim_op(request))
         if claim is None:  # stopping while the database is away: let another worker have it
-            await settle(message, requeue=True)
+            await message.requeue()
             return None
         if claim.status.startswith("capped:"):
             return claim.status
@@ -118,7 +117,7 @@ class JobRunner:
             # committed asynchronously: ack once the claim is durable; the job starts now
             self.claim_acks.hold(HeldAck(claim.id, claim.attempt, claim.mark, message, state))
         else:
-            ack_soon(message)  # the lease guards the job from here; it need not wait for the ack
+            message.ack_soon()  # the lease guards the job from here; it need not wait for the ack
         self.inflight.add(state)
         handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
         handles.started.inc()
@@ -158,7 +157,7 @@ class JobRunner:
             self.metrics.duplicate_deliveries.labels(env.queue).inc()
             self.metrics.redeliveries.labels("duplicate").inc()
             log.debug("duplicate_delivery", job_id=env.job_id, status=claim.status)
-        await settle(delivery.message)
+        await delivery.message.ack()
 
     # --- running --------------------------------------------------------------------
 

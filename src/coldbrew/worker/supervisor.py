@@ -22,7 +22,6 @@ from prometheus_client import CollectorRegistry
 from coldbrew.aging import StarvationWatch
 from coldbrew.app import App
 from coldbrew.breaker import Breakers
-from coldbrew.broker import Broker
 from coldbrew.caps import CapGate
 from coldbrew.errors import ConfigurationError, DatabaseUnavailable
 from coldbrew.jobstate import Delivery, InFlight, Stop
@@ -33,6 +32,7 @@ from coldbrew.settings import Settings
 from coldbrew.stats import StatsSnapshot
 from coldbrew.store import JobStore
 from coldbrew.topology import Topology
+from coldbrew.transport import Broker
 from coldbrew.worker.aging_sweep import QueueSweeper, SweepReturns
 from coldbrew.worker.dead_letters import DeadLetters
 from coldbrew.worker.health import DatabaseHealth
