@@ -23,9 +23,9 @@ import asyncpg
 from bench._common import BenchError, RunningWorker, cpu_seconds, tail
 from bench.throughput import Config
 
-from coldbrew.broker import Broker
 from coldbrew.migrate import quote_ident
 from coldbrew.topology import Topology
+from coldbrew.transport import Broker
 
 __all__ = [
     "cpu_time",

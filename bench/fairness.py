@@ -81,11 +81,11 @@ from bench.throughput import (
 from bench.throughput import Config as BaseConfig
 
 from coldbrew import logs
-from coldbrew.broker import Broker
 from coldbrew.migrate import connect_creating_database, quote_ident
 from coldbrew.settings import Settings
 from coldbrew.store import JobStore
 from coldbrew.topology import Topology
+from coldbrew.transport import Broker
 
 SCRIPT = Path(__file__).resolve()
 APP = "bench.fairness_app:app"

@@ -71,9 +71,9 @@ from bench.peers import (
 from bench.throughput import Config, namespace_for, raw_queue_arguments
 
 from coldbrew import logs
-from coldbrew.broker import Broker
 from coldbrew.migrate import connect_creating_database
 from coldbrew.topology import Topology
+from coldbrew.transport import Broker
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/coldbrew_bench"

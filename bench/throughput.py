@@ -67,10 +67,10 @@ from bench._common import (
 from bench._profile import render_profile, start_profile, stop_profile
 
 from coldbrew import logs
-from coldbrew.broker import Broker
 from coldbrew.migrate import connect_creating_database, quote_ident
 from coldbrew.settings import Settings
 from coldbrew.topology import MAX_PRIORITY, Topology
+from coldbrew.transport import Broker
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/coldbrew_bench"

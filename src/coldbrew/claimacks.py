@@ -36,11 +36,11 @@ from typing import Any, Literal
 
 import structlog
 
-from coldbrew.deliveries import Inbound, ack_soon, settle, settle_soon
 from coldbrew.errors import DatabaseUnavailable
 from coldbrew.jobstate import JobState
 from coldbrew.metrics import Metrics
 from coldbrew.store import ClaimStore, CommitMark
+from coldbrew.transport import Inbound
 
 log = structlog.get_logger("coldbrew.claimacks")
 
@@ -129,7 +129,7 @@ class ClaimAcks:
     def hold(self, item: HeldAck) -> None:
         """Ack ``item``'s delivery once its claim is durable (or settle it as its row says)."""
         if self._closed:  # too late to learn anything: RabbitMQ gets it back
-            settle_soon(item.message, requeue=True)
+            item.message.requeue_soon()
             return
         item.since = asyncio.get_running_loop().time()
         self._held[item] = None
@@ -172,7 +172,7 @@ class ClaimAcks:
         covered, _ = split_covered(self._held, server, seq)
         for item in covered:
             del self._held[item]
-            ack_soon(item.message)
+            item.message.ack_soon()
         if covered:
             self._metrics.claim_acks.labels(how).inc(len(covered))
 
@@ -216,7 +216,7 @@ class ClaimAcks:
             how = verdict(item, rows.get(item.job_id), self._worker_id)
             self._metrics.claim_acks.labels(how).inc()
             if how == "verified":
-                ack_soon(item.message)
+                item.message.ack_soon()
                 continue
             log.warning(
                 "claim_lost" if how == "lost" else "claim_superseded",
@@ -227,9 +227,9 @@ class ClaimAcks:
             if item.state is not None:
                 self._stop_job(item.state)
             if how == "lost":
-                settle_soon(item.message, requeue=True)
+                item.message.requeue_soon()
             else:
-                ack_soon(item.message)
+                item.message.ack_soon()
 
     async def settle_all(self, timeout: float) -> None:
         """The drain: settle every held delivery now, by a barrier (or a verification) if
@@ -253,6 +253,6 @@ class ClaimAcks:
         self._held.clear()
         for item in left:
             log.warning("claim_unsettled", job_id=item.job_id, attempt=item.attempt)
-            await settle(item.message, requeue=True)
+            await item.message.requeue()
         if left:
             self._metrics.claim_acks.labels("unsettled").inc(len(left))

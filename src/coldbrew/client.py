@@ -17,7 +17,6 @@ from typing import Any
 import structlog
 
 from coldbrew.app import App
-from coldbrew.broker import Broker, JobMessage
 from coldbrew.errors import BrokerUnavailable, ConfigurationError, JobNotFound
 from coldbrew.model import (
     JOB_ID_RE,
@@ -31,6 +30,7 @@ from coldbrew.model import (
 from coldbrew.settings import Settings, load_settings
 from coldbrew.store import ClaimRequest, JobStore
 from coldbrew.topology import Topology
+from coldbrew.transport import Broker, JobMessage
 
 log = structlog.get_logger("coldbrew.client")
 

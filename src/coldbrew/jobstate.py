@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from coldbrew.app import JobSpec
-from coldbrew.deliveries import Inbound
 from coldbrew.model import Envelope
+from coldbrew.transport import Inbound
 
 
 class Stop(enum.Enum):

@@ -25,10 +25,10 @@ import httpx
 import pytest
 
 from coldbrew.settings import Settings
-from tests.helpers import make_settings
 from tests.e2e.test_api import start_api, tail
 from tests.e2e.test_cli import stop_process
 from tests.faults.test_api_faults import our_errors
+from tests.helpers import make_settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

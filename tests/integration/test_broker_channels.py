@@ -14,10 +14,9 @@ from typing import Any
 import aio_pika
 import pytest
 
-from coldbrew.broker import Broker
-from coldbrew.deliveries import Inbound, settle
 from coldbrew.model import routing_key
 from coldbrew.topology import Topology
+from coldbrew.transport import Broker, Inbound
 from tests.helpers import AMQP_URL, drop_broker_entities
 
 TENANTS = ["t1", "t2", "t3"]
@@ -33,7 +32,7 @@ async def deliveries_by_tenant(namespace: str, consume_channels: int) -> dict[st
 
     async def on_message(message: Inbound) -> None:
         seen[message.routing_key.partition(".")[2]] = message.channel
-        assert await settle(message)
+        assert await message.ack()
         if len(seen) == len(TENANTS):
             got_all.set()
 

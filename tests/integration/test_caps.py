@@ -71,7 +71,7 @@ async def test_tenant_cap_holds_across_two_workers_and_others_run(
     queue = Topology(settings.namespace).job_queue("default", "capped")
 
     async def both_consume() -> bool:  # basic.consume answered, on both
-        return all(queue in w.parts.broker._consumers for w in workers)
+        return all(queue in w.parts.broker.consumers for w in workers)
 
     await wait_until(both_consume)
     capped = [

@@ -16,10 +16,9 @@ import aio_pika
 import pytest
 from aio_pika.queue import Queue
 
-from coldbrew.broker import Broker
-from coldbrew.deliveries import Inbound, InboundHandler, settle
 from coldbrew.model import routing_key
 from coldbrew.topology import Topology
+from coldbrew.transport import Broker, Inbound, InboundHandler
 from tests.helpers import AMQP_URL, drop_broker_entities
 
 STAMP = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
@@ -99,11 +98,11 @@ async def test_properties_ack_and_nack_through_broker_consume(broker: Broker) ->
     first = await asyncio.wait_for(got.get(), timeout=10)
     assert_properties(first)
     assert first.redelivered is False
-    assert await settle(first, requeue=True)  # nack: it comes back, flagged
+    assert await first.requeue()  # nack: it comes back, flagged
     again = await asyncio.wait_for(got.get(), timeout=10)
     assert again.redelivered is True and again.message_id == "m0"
-    assert await settle(again)
-    assert await settle(again)  # settling twice is a no-op, not a channel error
+    assert await again.ack()
+    assert await again.ack()  # settling twice is a no-op, not a channel error
     for _ in range(50):
         if await ready_and_unacked(queue) == (0, 0):
             break
@@ -118,7 +117,7 @@ async def test_aio_pikas_own_queue_consume_still_gives_inbound(broker: Broker) -
     async def on_delivery(message: Inbound) -> None:
         await got.put(message)
 
-    channel = await broker._next_consume_channel()
+    channel = await broker.consumers.next_channel()
     name = broker.topology.job_queue("default", "t1")
     queue = await channel.declare_queue(name, passive=True, robust=False)
     await Queue.consume(queue, InboundHandler(on_delivery).incoming)
@@ -126,7 +125,7 @@ async def test_aio_pikas_own_queue_consume_still_gives_inbound(broker: Broker) -
     message = await asyncio.wait_for(got.get(), timeout=10)
     assert isinstance(message, Inbound)
     assert_properties(message)
-    assert await settle(message)
+    assert await message.ack()
 
 
 def close_connection_named(name: str) -> None:
@@ -162,13 +161,13 @@ async def test_consumer_restored_after_the_broker_closes_the_connection(
     await asyncio.to_thread(close_connection_named, f"inbound-{namespace}")
     redelivered = await asyncio.wait_for(got.get(), timeout=30)
     assert redelivered.redelivered is True and redelivered.message_id == "m0"
-    assert await settle(held) is False  # its channel is gone; the broker requeued it
+    assert await held.ack() is False  # its channel is gone; the broker requeued it
     await publish(broker.topology, "t1", count=2)
     fresh = [await asyncio.wait_for(got.get(), timeout=10) for _ in range(2)]
     for index, message in enumerate(fresh):
         assert_properties(message, index)
     for message in [redelivered, *fresh]:
-        assert await settle(message)
+        assert await message.ack()
     for _ in range(50):
         if await ready_and_unacked(queue) == (0, 0):
             break

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from coldbrew.deliveries import ChannelAcks
+import aiormq
+
+from coldbrew.transport import ChannelAcks
 
 
 class RecordingChannel:
@@ -61,7 +63,8 @@ async def test_acking_twice_or_an_unknown_tag_sends_nothing() -> None:
 async def test_a_failed_write_reaches_every_waiter() -> None:
     class Closed(RecordingChannel):
         async def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
-            raise ConnectionError("channel closed")
+            # what aiormq raises for a connection lost under the write (a ConnectionError)
+            raise aiormq.exceptions.AMQPConnectionError("channel closed")
 
     acks = ChannelAcks(Closed())
     acks.delivered(1)

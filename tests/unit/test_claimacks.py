@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-import coldbrew.claimacks as claimacks
 from coldbrew.claimacks import ClaimAcks, HeldAck, needs_verifying, split_covered, verdict
 from coldbrew.errors import DatabaseUnavailable
 from coldbrew.metrics import Metrics
@@ -19,8 +18,29 @@ BOOT = datetime(2026, 1, 1, tzinfo=UTC)
 REBOOT = BOOT + timedelta(minutes=5)
 
 
+SETTLED: dict[str, list[Any]] = {"ack": [], "requeue": []}
+
+
+class FakeDelivery:
+    """Stands in for an ``Inbound``: records how it was settled, by its job id."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+
+    def ack_soon(self) -> None:
+        SETTLED["ack"].append(self.job_id)
+
+    def requeue_soon(self) -> None:
+        SETTLED["requeue"].append(self.job_id)
+
+    async def requeue(self) -> bool:
+        SETTLED["requeue"].append(self.job_id)
+        return True
+
+
 def held(job_id: str, seq: int, server: datetime = BOOT, attempt: int = 1) -> HeldAck:
-    return HeldAck(job_id, attempt, CommitMark(server, seq), message=job_id)  # type: ignore[arg-type]
+    message = FakeDelivery(job_id)
+    return HeldAck(job_id, attempt, CommitMark(server, seq), message=message)  # type: ignore[arg-type]
 
 
 def ids(items: list[HeldAck]) -> list[str]:
@@ -76,19 +96,10 @@ class FakeStore:
 
 
 @pytest.fixture
-def settled(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
-    record: dict[str, list[Any]] = {"ack": [], "requeue": []}
-    monkeypatch.setattr(claimacks, "ack_soon", lambda m: record["ack"].append(m))
-    monkeypatch.setattr(
-        claimacks, "settle_soon", lambda m, requeue=None: record["requeue"].append(m)
-    )
-
-    async def settle(m: Any, requeue: Any = None) -> bool:
-        record["requeue"].append(m)
-        return True
-
-    monkeypatch.setattr(claimacks, "settle", settle)
-    return record
+def settled() -> dict[str, list[Any]]:
+    for record in SETTLED.values():
+        record.clear()
+    return SETTLED
 
 
 def tracker(store: FakeStore, delay: float, stopped: list[Any]) -> ClaimAcks:

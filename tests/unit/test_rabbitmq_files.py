@@ -114,7 +114,7 @@ def test_exchanges_match_topology(definitions: dict[str, Any]) -> None:
 def test_entities_are_durable_in_the_default_vhost(
     definitions: dict[str, Any], section: str
 ) -> None:
-    """Exchanges and queues are durable and plain in vhost `/`, as broker.py declares them."""
+    """Exchanges and queues are durable and plain in vhost `/`, as `declare.py` has them."""
     for item in definitions[section]:
         assert item["vhost"] == VHOST, item["name"]
         assert item["durable"] is True, item["name"]

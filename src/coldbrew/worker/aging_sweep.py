@@ -10,11 +10,9 @@ from collections.abc import Callable
 import structlog
 
 from coldbrew.aging import QueueKey, StarvationWatch
-from coldbrew.broker import PUBLISH_ERRORS, Broker
-from coldbrew.deliveries import Inbound
-from coldbrew.errors import BrokerUnavailable
 from coldbrew.metrics import Metrics
 from coldbrew.topology import Topology
+from coldbrew.transport import Broker, Inbound
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.service import Periodic
 
@@ -97,10 +95,7 @@ class QueueSweeper:
         for key in due:
             if self.lifecycle.draining:
                 break
-            try:
-                await self._sweep(key)
-            except PUBLISH_ERRORS as exc:
-                raise BrokerUnavailable(f"aging sweep of {key}: {exc!r}") from exc
+            await self._sweep(key)  # BrokerUnavailable: Periodic waits the outage out
         return len(due)
 
     async def _sweep(self, key: QueueKey) -> None:

@@ -15,11 +15,10 @@ from typing import Any
 
 import structlog
 
-from coldbrew.broker import Broker
-from coldbrew.deliveries import Inbound, settle
 from coldbrew.errors import ContractViolation
 from coldbrew.metrics import Metrics
 from coldbrew.store import JobStore
+from coldbrew.transport import Broker, Inbound
 from coldbrew.worker.service import Backoff, until_available
 
 log = structlog.get_logger("coldbrew.worker")
@@ -55,12 +54,12 @@ class DeadLetters:
                 batch.append(self._rejects.get_nowait())
             if not await self._store(batch, stop):
                 for message, _ in batch:  # stopping during an outage: the broker keeps it
-                    await settle(message, requeue=True)
+                    await message.requeue()
                 continue
             await self._settle(batch)
         while not self._rejects.empty():
             message, _ = self._rejects.get_nowait()
-            await settle(message, requeue=True)
+            await message.requeue()
 
     async def _store(self, batch: list[Reject], stop: asyncio.Event) -> bool:
         """Record and copy ``batch``; False when the worker stopped before both worked."""
@@ -104,7 +103,7 @@ class DeadLetters:
                 message_id=message.message_id,
                 routing_key=message.routing_key,
             )
-            await settle(message)
+            await message.ack()
 
 
 def json_headers(headers: Any) -> dict[str, Any] | None:

@@ -31,7 +31,6 @@ import structlog
 from coldbrew.aging import StarvationWatch
 from coldbrew.app import App
 from coldbrew.caps import CapGate, Scope
-from coldbrew.deliveries import Inbound, settle, settle_soon
 from coldbrew.errors import ContractViolation, UnknownJobType
 from coldbrew.jobstate import Delivery
 from coldbrew.metrics import Metrics
@@ -39,6 +38,7 @@ from coldbrew.model import parse_envelope
 from coldbrew.scheduler import TOP_CLASS, FairScheduler, Pending
 from coldbrew.settings import Settings
 from coldbrew.store import JobStore, JobTypeSettings, TenantSettings
+from coldbrew.transport import Inbound
 from coldbrew.worker.aging_sweep import SweepReturns
 from coldbrew.worker.dead_letters import DeadLetters
 from coldbrew.worker.lifecycle import Lifecycle
@@ -98,14 +98,14 @@ class Intake:
     async def on_message(self, message: Inbound) -> None:
         """Consumer callback of every tenant queue."""
         if self.lifecycle.draining:
-            await settle(message, requeue=True)
+            await message.requeue()
             return
         self._hold(message, time.monotonic(), observe=True)
 
     def accept_swept(self, message: Inbound, arrived: float) -> None:
         """An aging sweep kept ``message``: it waits as if it had arrived at ``arrived``."""
         if self.lifecycle.draining:
-            settle_soon(message, requeue=True)
+            message.requeue_soon()
             return
         self._hold(message, arrived, observe=False)
 
@@ -245,7 +245,7 @@ class Intake:
             raise
         if verdict is not None and self.lifecycle.draining:  # the drain handed the others back
             self.caps.claim_over(pending)
-            await settle(pending.payload.message, requeue=True)
+            await pending.payload.message.requeue()
         elif verdict is not None:  # the cap had no room: hold it, not nack it
             self.caps.park(pending, verdict)
         else:  # it ran here (or was a duplicate): a place of its scopes may have freed
@@ -273,7 +273,7 @@ class Intake:
         stale.extend(self.caps.remove_held_where(lambda p: p.enqueued_at < cutoff))
         for pending in stale:
             self.metrics.held_requeued.inc()
-            await settle(pending.payload.message, requeue=True)
+            await pending.payload.message.requeue()
         if stale:
             log.info("held_deliveries_requeued", count=len(stale))
         return len(stale)
@@ -283,4 +283,4 @@ class Intake:
         waiting = self.scheduler.drain()
         waiting.extend(self.caps.drain())
         for pending in waiting:
-            await settle(pending.payload.message, requeue=True)
+            await pending.payload.message.requeue()

@@ -16,7 +16,6 @@ import structlog
 from coldbrew.aging import StarvationWatch
 from coldbrew.app import App
 from coldbrew.breaker import Breakers
-from coldbrew.broker import Broker
 from coldbrew.errors import ConfigurationError
 from coldbrew.jobstate import InFlight
 from coldbrew.metrics import Metrics, MetricsServer
@@ -25,6 +24,7 @@ from coldbrew.settings import Settings
 from coldbrew.stats import StatsSnapshot
 from coldbrew.store import JobStore
 from coldbrew.topology import Topology
+from coldbrew.transport import Broker
 from coldbrew.worker.aging_sweep import SweepReturns
 from coldbrew.worker.dead_letters import DeadLetters
 from coldbrew.worker.intake import Intake

@@ -12,10 +12,10 @@ import json
 
 import structlog
 
-from coldbrew.broker import Broker
 from coldbrew.errors import BrokerUnavailable
 from coldbrew.metrics import Metrics
 from coldbrew.store import JobStore
+from coldbrew.transport import Broker
 from coldbrew.worker.service import Periodic
 
 log = structlog.get_logger("coldbrew.reaper")

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import structlog
 
-from coldbrew.broker import Broker
 from coldbrew.claimacks import ClaimAcks
 from coldbrew.errors import (
     BrokerUnavailable,
@@ -27,6 +26,7 @@ from coldbrew.errors import (
 from coldbrew.jobstate import Delivery, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
 from coldbrew.store import CommitMark, JobStore, Outcome
+from coldbrew.transport import Broker
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.service import until_available
 

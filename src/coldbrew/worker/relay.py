@@ -13,9 +13,9 @@ import asyncio
 
 import structlog
 
-from coldbrew.broker import Broker, JobMessage
 from coldbrew.metrics import Metrics
 from coldbrew.store import DuePublish, JobStore
+from coldbrew.transport import Broker, JobMessage
 from coldbrew.worker.service import Periodic
 
 log = structlog.get_logger("coldbrew.relay")

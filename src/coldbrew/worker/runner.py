@@ -26,11 +26,9 @@ from typing import Any
 import structlog
 
 from coldbrew.breaker import Breakers
-from coldbrew.broker import Broker
 from coldbrew.caps import claim_capped
 from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.context import Context
-from coldbrew.deliveries import ack_soon, settle
 from coldbrew.errors import (
     JobCancelled,
     JobTimeout,
@@ -40,6 +38,7 @@ from coldbrew.metrics import Metrics
 from coldbrew.procpool import ProcessPool
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest, ClaimResult, JobStore, Outcome
+from coldbrew.transport import Broker
 from coldbrew.worker import outcomes
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.recorder import OutcomeWriter
@@ -111,7 +110,7 @@ class JobRunner:
         else:
             claim = await self.writer.until_db_ok(lambda: self.store.claims.claim(request))
         if claim is None:  # stopping while the database is away: let another worker have it
-            await settle(delivery.message, requeue=True)
+            await delivery.message.requeue()
         return claim
 
     async def run_claimed(self, delivery: Delivery, claim: ClaimResult) -> str | None:
@@ -131,7 +130,7 @@ class JobRunner:
             # committed asynchronously: ack once the claim is durable; the job starts now
             self.claim_acks.hold(HeldAck(claim.id, claim.attempt, claim.mark, message, state))
         else:
-            ack_soon(message)  # the lease guards the job from here; it need not wait for the ack
+            message.ack_soon()  # the lease guards the job from here; it need not wait for the ack
         self.inflight.add(state)
         handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
         handles.started.inc()
@@ -171,7 +170,7 @@ class JobRunner:
             self.metrics.duplicate_deliveries.labels(env.queue).inc()
             self.metrics.redeliveries.labels("duplicate").inc()
             log.debug("duplicate_delivery", job_id=env.job_id, status=claim.status)
-        await settle(delivery.message)
+        await delivery.message.ack()
 
     # --- running --------------------------------------------------------------------
 

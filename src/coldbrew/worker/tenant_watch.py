@@ -20,13 +20,12 @@ from typing import Any
 
 import structlog
 
-from coldbrew.broker import Broker
-from coldbrew.deliveries import Inbound, settle
 from coldbrew.errors import BrokerUnavailable, ContractViolation, DatabaseUnavailable
 from coldbrew.metrics import Metrics
 from coldbrew.model import split_routing_key
 from coldbrew.store import TENANTS_CHANGED, JobStore, JobTypeSettings, TenantSettings
 from coldbrew.topology import Topology
+from coldbrew.transport import Broker, Inbound
 from coldbrew.worker.service import sleep_unless
 
 log = structlog.get_logger("coldbrew.tenants")
@@ -90,9 +89,9 @@ class TenantQueues:
         except (BrokerUnavailable, DatabaseUnavailable) as exc:
             log.warning("provision_failed", queue=queue, tenant=tenant, error=str(exc))
             await asyncio.sleep(1.0)
-            await settle(message, requeue=True)
+            await message.requeue()
             return
-        await settle(message)
+        await message.ack()
 
     async def sync(self) -> int:
         """Consume every recorded queue of our lanes and apply tenant settings (the resync)."""

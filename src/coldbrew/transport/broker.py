@@ -1,0 +1,146 @@
+"""``Broker``: what the rest of coldbrew holds of RabbitMQ, one object over the transport.
+
+The broker moves work; it never decides a job's fate (the store does). Each
+method is a step into the module that does it: ``connection`` (the robust
+connection and its channels), ``declare`` (exchanges and queues),
+``publish`` (confirmed publishes), ``consume`` (the tenant queues'
+consumers), ``sweep`` (the aging sweep's consumer). Settling a delivery is
+the delivery's own business (``Inbound.ack()`` and the like).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aio_pika.abc import AbstractRobustChannel
+
+from coldbrew.errors import BrokerUnavailable
+from coldbrew.topology import Topology
+from coldbrew.transport.connection import BrokerConnection
+from coldbrew.transport.consume import Consumers
+from coldbrew.transport.declare import declare_fixed, declare_job_queue
+from coldbrew.transport.inbound import Inbound, OnDelivery, requeue_all
+from coldbrew.transport.publish import JobMessage, Publisher
+from coldbrew.transport.sweep import Sweep, Sweeper
+
+
+class Broker:
+    """One robust connection with a publishing channel (confirms) and consuming channels."""
+
+    def __init__(
+        self,
+        url: str,
+        topology: Topology,
+        *,
+        name: str = "coldbrew",
+        reconnect_interval: float = 1.0,
+        publish_timeout: float = 30.0,
+        heartbeat: int | None = None,
+        consume_channels: int = 1,
+    ) -> None:
+        self.url = url
+        self.topology = topology
+        self._connection = BrokerConnection(
+            url, name=name, reconnect_interval=reconnect_interval, heartbeat=heartbeat
+        )
+        self._publish_timeout = publish_timeout
+        self._channel: AbstractRobustChannel | None = None
+        self._publisher: Publisher | None = None
+        self.consumers = Consumers(self._connection, channels=consume_channels)
+        """The queues consumed here (``queue in broker.consumers``)."""
+        self._sweeper = Sweeper(self._connection)
+
+    async def connect(self, *, prefetch: int = 0) -> None:
+        """Connect once (fail fast), open channels and declare the fixed topology."""
+        await self._connection.open()
+        self._channel = await self._connection.channel(publisher_confirms=True)
+        await self.consumers.open(prefetch=prefetch)
+        exchanges = await declare_fixed(self._channel, self.topology)
+        self._publisher = Publisher(exchanges, timeout=self._publish_timeout)
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+    @property
+    def connected(self) -> bool:
+        return self._connection.connected
+
+    async def declare_job_queue(self, queue: str, tenant: str) -> None:
+        """Declare and bind the queue of one lane and tenant (idempotent)."""
+        if self._channel is None:
+            raise BrokerUnavailable("broker used before connect()")
+        await declare_job_queue(self._channel, self.topology, queue, tenant)
+
+    # --- publishing (publish.py) -------------------------------------------------------
+
+    async def publish_job(self, job: JobMessage) -> None:
+        """Publish one job and wait for the broker's confirm."""
+        await self._publishing().publish_job(job)
+
+    async def publish_jobs(self, jobs: Sequence[JobMessage], *, window: int = 256) -> list[bool]:
+        """Publish many with confirms pipelined (``window`` in flight); True where confirmed."""
+        return await self._publishing().publish_jobs(jobs, window=window)
+
+    async def republish(self, message: Inbound) -> None:
+        """Publish a delivery again to the jobs exchange, unchanged (after provisioning)."""
+        await self._publishing().republish(message)
+
+    async def publish_dead(
+        self,
+        body: bytes,
+        *,
+        reason: str,
+        detail: str,
+        headers: Mapping[str, Any],
+        message_id: str | None,
+        original_routing_key: str,
+    ) -> None:
+        """Put a copy of a dead job or rejected message on ``<ns>.dead`` with its reason."""
+        await self._publishing().publish_dead(
+            body,
+            reason=reason,
+            detail=detail,
+            headers=headers,
+            message_id=message_id,
+            original_routing_key=original_routing_key,
+        )
+
+    def _publishing(self) -> Publisher:
+        if self._publisher is None:
+            raise BrokerUnavailable("broker used before connect()")
+        return self._publisher
+
+    # --- consuming (consume.py, sweep.py) -----------------------------------------------
+
+    async def consume(
+        self, queue_name: str, arguments: Mapping[str, Any], on_delivery: OnDelivery
+    ) -> None:
+        """Start consuming ``queue_name``: each delivery reaches ``on_delivery`` (``Inbound``)."""
+        await self.consumers.consume(queue_name, arguments, on_delivery)
+
+    @property
+    def consuming(self) -> int:
+        return len(self.consumers)
+
+    async def cancel_consumers(self) -> None:
+        """Stop all deliveries at once (drain); unacked ones stay with us until acked."""
+        await self.consumers.cancel_all()
+
+    async def sweep_queue(
+        self,
+        queue_name: str,
+        *,
+        limit: int,
+        quiet_seconds: float = 0.2,
+        max_seconds: float = 2.0,
+    ) -> Sweep:
+        """Take up to ``limit`` of a queue's ready messages at once, past its priority order."""
+        return await self._sweeper.sweep(
+            queue_name, limit=limit, quiet_seconds=quiet_seconds, max_seconds=max_seconds
+        )
+
+    @staticmethod
+    async def requeue(messages: Sequence[Inbound]) -> None:
+        """Hand deliveries back to the broker, each at the head of its priority."""
+        await requeue_all(messages)
