@@ -20,7 +20,7 @@ import pytest
 from coldbrew.errors import BrokerUnavailable
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker, Inbound, JobMessage
-from tests.conftest import AMQP_URL, drop_broker_entities, read_dead_letters, wait_until
+from tests.helpers import AMQP_URL, drop_broker_entities, read_dead_letters, wait_until
 
 UPSTREAM = urlsplit(AMQP_URL)
 
