@@ -21,6 +21,7 @@ import asyncpg
 from coldbrew.batching import GroupCommit
 from coldbrew.errors import (
     DatabaseUnavailable,
+    DataRefused,
     JobNotFound,
     SchemaOutOfDate,
     StaleWrite,
@@ -29,6 +30,7 @@ from coldbrew.errors import (
 from coldbrew.model import JobRecord
 from coldbrew.settings import mask_url
 from coldbrew.sql import LATEST_VERSION, QUERIES
+from coldbrew.storable import RejectedRow, storable_rejected
 from coldbrew.topology import Topology
 
 T = TypeVar("T")
@@ -44,6 +46,17 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     # is still mid-operation; the pool's reset then discards it, so retrying works.
     asyncpg.InternalClientError,
     TimeoutError,
+)
+
+# PostgreSQL refused a statement for the data it carried (errors.DataRefused): class 22
+# (asyncpg's own "invalid input for query argument" is one too), the CHECK and NOT NULL
+# constraints, and class 54 (a jsonb or array over a size limit). Not unique or foreign
+# key violations: those come from other rows, not from this statement's data.
+DATA_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.DataError,
+    asyncpg.CheckViolationError,
+    asyncpg.NotNullViolationError,
+    asyncpg.ProgramLimitExceededError,
 )
 
 
@@ -223,11 +236,12 @@ class JobStore:
         self._pool = pool
         self._dsn = dsn
         self.namespace = namespace
+        # one job's refused data fails only that job's claim or outcome (batching.py)
         self.claims: GroupCommit[ClaimRequest, ClaimResult] = GroupCommit(
-            "claim", self._claim_batch, gather_turns=GATHER_TURNS
+            "claim", self._claim_batch, gather_turns=GATHER_TURNS, isolate=(DataRefused,)
         )
         self.completions: GroupCommit[Outcome, bool] = GroupCommit(
-            "complete", self._complete_batch, gather_turns=GATHER_TURNS
+            "complete", self._complete_batch, gather_turns=GATHER_TURNS, isolate=(DataRefused,)
         )
         # a drain hands back every held job at once: one statement per batch, not per job
         self.releases: GroupCommit[tuple[str, int, bool], bool] = GroupCommit(
@@ -283,6 +297,8 @@ class JobStore:
             raise DatabaseUnavailable(f"PostgreSQL at {mask_url(self._dsn)}: {exc}") from exc
         except asyncpg.TransactionRollbackError as exc:
             raise _transient(exc) from exc
+        except DATA_ERRORS as exc:
+            raise _refused(exc) from exc
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
         query = QUERIES[name].text
@@ -318,6 +334,8 @@ class JobStore:
             raise DatabaseUnavailable(f"PostgreSQL at {mask_url(self._dsn)}: {exc}") from exc
         except asyncpg.TransactionRollbackError as exc:  # rolled back; the connection is fine
             raise _transient(exc) from exc
+        except DATA_ERRORS as exc:  # this statement's data; the connection is fine
+            raise _refused(exc) from exc
         except asyncio.CancelledError:
             await self._drop_batch_conn(name)  # a statement may still be in flight on it
             raise
@@ -752,12 +770,11 @@ class JobStore:
 
         return await self._run(op)
 
-    async def insert_rejected(
-        self,
-        rows: Sequence[tuple[str, str, str | None, str, dict[str, Any] | None, bytes]],
-    ) -> None:
+    async def insert_rejected(self, rows: Sequence[RejectedRow]) -> None:
+        """Store rejected messages; whatever they hold (a NUL anywhere) is made storable."""
         query = QUERIES["insert_rejected"].text
-        await self._run(lambda conn: conn.executemany(query, rows))
+        safe = [storable_rejected(row) for row in rows]
+        await self._run(lambda conn: conn.executemany(query, safe))
 
     async def rejected_counts(self, tenant: str | None = None) -> dict[str, int]:
         """Rejected messages by reason; with ``tenant``, only those routed to that tenant."""
@@ -803,6 +820,12 @@ def _transient(exc: asyncpg.TransactionRollbackError) -> TransientDatabaseError:
         f"PostgreSQL rolled the statement back ({exc.sqlstate} {type(exc).__name__}: {exc}); "
         "nothing was written, retrying"
     )
+
+
+def _refused(exc: BaseException) -> DataRefused:
+    sqlstate = getattr(exc, "sqlstate", None)
+    detail = f"{sqlstate} {type(exc).__name__}: {exc}"  # asyncpg's text has PostgreSQL's DETAIL
+    return DataRefused(f"PostgreSQL refused the data ({detail})", sqlstate)
 
 
 def _claim_result(
