@@ -41,6 +41,9 @@ class InvalidRequest(ConfigurationError):
         self.reason = reason
         self.detail = detail
 
+    def __reduce__(self) -> tuple[type[InvalidRequest], tuple[str, str]]:
+        return type(self), (self.reason, self.detail)
+
 
 # --- services unavailable (exit 3) ------------------------------------------
 
@@ -124,6 +127,10 @@ class UnstorableValue(UnstorableData):
         self.field = field
         self.problem = problem
 
+    def __reduce__(self) -> tuple[type[UnstorableValue], tuple[str, str]]:
+        # pickled whole (a process-pool job's ctx.checkpoint raises it in the child)
+        return type(self), (self.field, self.problem)
+
 
 class DataRefused(UnstorableData):
     """PostgreSQL (or asyncpg, encoding a parameter) refused a statement's data.
@@ -139,6 +146,9 @@ class DataRefused(UnstorableData):
     def __init__(self, message: str, sqlstate: str | None) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
+
+    def __reduce__(self) -> tuple[type[DataRefused], tuple[str, str | None]]:
+        return type(self), (str(self), self.sqlstate)
 
 
 # --- job control flow (raised by job code) ----------------------------------

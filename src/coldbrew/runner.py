@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -29,19 +28,22 @@ from typing import Any, TypeVar
 
 import structlog
 
-from coldbrew import retry
+from coldbrew import retry, storable
 from coldbrew.breaker import Breakers
 from coldbrew.broker import Broker
 from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.context import Context
-from coldbrew.deliveries import ack_soon, settle
+from coldbrew.deliveries import Inbound, ack_soon, settle
 from coldbrew.errors import (
     BrokerUnavailable,
+    ContractViolation,
     DatabaseUnavailable,
     JobCancelled,
     JobTimeout,
     StaleWrite,
     TransientDatabaseError,
+    UnstorableData,
+    UnstorableValue,
 )
 from coldbrew.jobstate import Delivery, InFlight, JobState
 from coldbrew.metrics import Metrics
@@ -68,8 +70,10 @@ class JobRunner:
         is_stopping: Callable[[], bool],
         on_db_health: Callable[[bool], None],
         breakers: Breakers | None = None,
+        on_reject: Callable[[Inbound, ContractViolation], None] | None = None,
     ) -> None:
         self.settings = settings
+        self._on_reject = on_reject  # dead-letters a delivery whose data PostgreSQL refused
         self.store = store
         self.broker = broker
         self.pool = pool
@@ -104,7 +108,11 @@ class JobRunner:
         message = delivery.message
         request = self._claim_request(delivery)
         claim_op = self.store.claim_capped if capped else self.store.claim
-        claim = await self._until_db_ok(lambda: claim_op(request))
+        try:
+            claim = await self._until_db_ok(lambda: claim_op(request))
+        except UnstorableData as exc:  # the job's own data, not the worker's trouble
+            await self._refuse(delivery, exc)
+            return None
         if claim is None:  # stopping while the database is away: let another worker have it
             await settle(message, requeue=True)
             return None
@@ -148,6 +156,15 @@ class JobRunner:
             timeout=env.timeout or spec.timeout,
             idempotency_key=env.idempotency_key,
         )
+
+    async def _refuse(self, delivery: Delivery, exc: UnstorableData) -> None:
+        """PostgreSQL refused the claim's data: dead-letter the delivery with the reason."""
+        violation = ContractViolation("unstorable", f"PostgreSQL refused the job at claim: {exc}")
+        if self._on_reject is not None:
+            self._on_reject(delivery.message, violation)  # stored, copied to <ns>.dead, acked
+            return
+        log.error("claim_refused", job_id=delivery.envelope.job_id, error=str(exc))
+        await settle(delivery.message)
 
     async def _not_claimed(self, delivery: Delivery, claim: ClaimResult) -> None:
         """The job is finished, held elsewhere, not due yet, or just ran out of attempts."""
@@ -275,7 +292,15 @@ class JobRunner:
 
     def _success(self, state: JobState, result: Any) -> Outcome:
         try:
-            encoded = RawJSON(json.dumps(result))
+            encoded = RawJSON(storable.dump_json(result, "result"))
+        except UnstorableValue as exc:  # NUL, NaN, too big...: PostgreSQL cannot store it
+            return Outcome(
+                state.id,
+                state.attempt,
+                "failed",
+                error_kind="unstorable_result",
+                error_message=f"the job's return value cannot be stored: {exc}",
+            )
         except (TypeError, ValueError) as exc:
             return Outcome(
                 state.id,
@@ -318,8 +343,8 @@ class JobRunner:
             state.id,
             state.attempt,
             str(decision.status),
-            error_kind=decision.error_kind,
-            error_message=decision.error_message,
+            error_kind=storable.clean_text(decision.error_kind, say=False),
+            error_message=storable.clean_text(decision.error_message),
             delay=decision.delay,
             dead_reason=decision.reason,
         )
@@ -347,7 +372,11 @@ class JobRunner:
                 outcome, progress=state.progress[0], progress_message=state.progress[1]
             )
             state.progress = None
-        written = await self._complete(outcome)
+        try:
+            written = await self._complete(outcome)
+        except UnstorableData as exc:  # e.g. a Retry(delay=) past what an interval holds
+            outcome = _refused_outcome(outcome, exc)
+            written = await self._complete(outcome)  # only our own text: storable
         if not written:
             self.metrics.fenced_writes.labels("complete").inc()
             handles.finish("fenced", elapsed)
@@ -385,9 +414,12 @@ class JobRunner:
         return await asyncio.shield(self._write_through_outage(outcome))
 
     def _retry_if_failed(self, outcome: Outcome, done: asyncio.Future[bool]) -> None:
-        if done.cancelled() or not isinstance(done.exception(), DatabaseUnavailable):
-            return  # written, fenced, or shut down with the store
-        self._write_through_outage(outcome)
+        if done.cancelled():
+            return  # shut down with the store
+        if isinstance(exc := done.exception(), UnstorableData):
+            self._write_through_outage(_refused_outcome(outcome, exc))
+        elif isinstance(exc, DatabaseUnavailable):
+            self._write_through_outage(outcome)  # else written, or fenced
 
     def _write_through_outage(self, outcome: Outcome) -> asyncio.Task[bool | None]:
         """A supervised task that retries the outcome's write until PostgreSQL answers."""
@@ -441,3 +473,16 @@ class JobRunner:
                 return None
             self._on_db_health(True)
             return result
+
+
+def _refused_outcome(outcome: Outcome, exc: UnstorableData) -> Outcome:
+    """What is written instead of an outcome PostgreSQL refused: a permanent failure."""
+    return Outcome(
+        outcome.id,
+        outcome.attempt,
+        "failed",
+        error_kind="unstorable_outcome",
+        error_message=storable.clean_text(
+            f"PostgreSQL refused this attempt's outcome ({outcome.status}): {exc}"
+        )[: retry.MAX_ERROR_MESSAGE],
+    )

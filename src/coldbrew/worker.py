@@ -238,6 +238,7 @@ class Worker:
             is_stopping=lambda: self._closing,
             on_db_health=self._set_db_ok,
             breakers=breakers,
+            on_reject=self._reject,  # a claim whose data PostgreSQL refused: dead-lettered
         )
         self.metrics.watch_group_commits([store.claims, store.completions, store.releases])
         stats = StatsSnapshot(store, max_tenants=settings.metrics_max_tenants)
