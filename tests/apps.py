@@ -226,6 +226,7 @@ MISBEHAVIOURS: dict[str, tuple[str, str | None]] = {
     "checkpoint_nan": ("failed", "permanent"),
     "checkpoint_big": ("failed", "permanent"),
     "retry_far": ("failed", "unstorable_outcome"),
+    "once_nul": ("dead", "coldbrew.errors.UnstorableValue"),  # a ValueError: retried
 }
 POOL_MISBEHAVIOURS = [  # pickled back from a pool child: nothing deeply nested
     k for k in MISBEHAVIOURS if k not in ("very_deep", "error_kind_nul", "unserializable")
@@ -255,6 +256,8 @@ async def misbehave(ctx: Context, kind: str, text: str = "") -> object:
         await ctx.checkpoint("x" * (2 << 20))
     if kind == "retry_far":
         raise Retry("come back in 1e300 seconds", delay=1e300)
+    if kind == "once_nul":
+        await ctx.once(f"effect\x00{text}")
     return bad_value(kind, text)
 
 
@@ -276,4 +279,6 @@ def misbehave_in_pool(ctx: Context, kind: str, text: str = "") -> object:
         ctx.checkpoint("x" * (2 << 20))
     if kind == "retry_far":
         raise Retry("come back in 1e300 seconds", delay=1e300)
+    if kind == "once_nul":
+        ctx.once(f"effect\x00{text}")
     return bad_value(kind, text)

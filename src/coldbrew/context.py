@@ -114,6 +114,7 @@ class Context:
         worker dies between the two, the effect is skipped on retry (at most
         once, never twice).
         """
+        storable.check_text(name, "once name")  # UnstorableValue (a ValueError) for a NUL
         return await self._store.claim_once(self.job_id, name, self.attempt)
 
     def once_in_transaction(
@@ -126,6 +127,7 @@ class Context:
         the guard was taken before. Whatever the block writes through ``conn``
         commits together with the guard, or not at all.
         """
+        storable.check_text(name, "once name")
         return self._store.once_transaction(self.job_id, name, self.attempt)
 
     def breaker(self, name: str) -> CircuitBreaker:

@@ -25,6 +25,8 @@ from coldbrew import storable
 from coldbrew.app import JOB_TYPE_RE
 from coldbrew.errors import ContractViolation, InvalidRequest, UnstorableValue
 
+# Always .fullmatch(): with .match, "$" also matches before a trailing newline, and a
+# tenant "acme\n" made a queue name pamqp refuses, which stranded its delivery.
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 JOB_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 MAX_PRIORITY = 9
@@ -185,16 +187,16 @@ def _check_submission(
     timeout: object,
 ) -> None:
     invalid = "invalid_request"
-    if not isinstance(job_type, str) or not JOB_TYPE_RE.match(job_type):
+    if not isinstance(job_type, str) or not JOB_TYPE_RE.fullmatch(job_type):
         raise ContractViolation(invalid, f"job type {job_type!r} must match {JOB_TYPE_RE.pattern}")
     for what, name in (("tenant", tenant), ("queue", queue)):
-        if not isinstance(name, str) or not NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise ContractViolation(invalid, f"{what} {name!r} must match {NAME_RE.pattern}")
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ContractViolation(invalid, f"priority must be an integer, not {priority!r}")
     if not 0 <= priority <= MAX_PRIORITY:
         raise ContractViolation(invalid, f"priority must be 0..{MAX_PRIORITY}, not {priority}")
-    if job_id is not None and (not isinstance(job_id, str) or not JOB_ID_RE.match(job_id)):
+    if job_id is not None and (not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id)):
         raise ContractViolation(invalid, "job id must be 1-128 printable ASCII characters")
     if not isinstance(args, dict):
         raise ContractViolation("invalid_args", f"args must be an object, not {_kind(args)}")
@@ -237,7 +239,7 @@ def message_headers(
 
 def check_job_id(job_id: str) -> None:
     """Refuse, before any lookup, a job id no job can have (``invalid_job_id``)."""
-    if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):
+    if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
         raise InvalidRequest(
             "invalid_job_id", f"{job_id!r} is not a job id (1-128 printable ASCII characters)"
         )
@@ -250,11 +252,11 @@ def split_routing_key(key: str) -> tuple[str, str]:
         raise ContractViolation(
             "invalid_routing_key", f"routing key {key!r} is not <queue>.<tenant>"
         )
-    if not NAME_RE.match(queue):
+    if not NAME_RE.fullmatch(queue):
         raise ContractViolation(
             "invalid_queue", f"queue name {queue!r} must match {NAME_RE.pattern}"
         )
-    if not NAME_RE.match(tenant):
+    if not NAME_RE.fullmatch(tenant):
         raise ContractViolation(
             "invalid_tenant", f"tenant name {tenant!r} must match {NAME_RE.pattern}"
         )
@@ -283,7 +285,7 @@ def _no_constant(name: str) -> Any:
 
 def _job_id(message_id: str | None, tenant: str, key: str | None) -> str:
     if message_id:
-        if not JOB_ID_RE.match(message_id):
+        if not JOB_ID_RE.fullmatch(message_id):
             raise ContractViolation(
                 "invalid_message_id", "message_id must be 1-128 printable ASCII characters"
             )

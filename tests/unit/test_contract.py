@@ -378,3 +378,28 @@ def test_the_property_sees_accepted_jobs_too() -> None:
         ),
     )
     assert (envelope.timeout, envelope.max_attempts) == (0.1, 5)
+
+
+@pytest.mark.parametrize(
+    ("call", "reason"),
+    [
+        ({"key": "slow.x\n"}, "invalid_tenant"),
+        ({"key": "slow\n.x"}, "invalid_queue"),
+        ({"message_id": "job-1\n"}, "invalid_message_id"),
+    ],
+)
+def test_a_trailing_newline_is_not_a_name(call: dict[str, Any], reason: str) -> None:
+    """``$`` matches before a final newline: a tenant "x\\n" passed, and its queue name broke
+    the queue declaration (found by tests/faults/test_garbage_generated.py)."""
+    assert rejection(**call).reason == reason
+
+
+def test_a_submitter_refuses_a_trailing_newline_too() -> None:
+    for overrides in (
+        {"tenant": "acme\n"},
+        {"queue": "default\n"},
+        {"job_id": "j\n"},
+        {"type": "echo\n"},
+    ):
+        with pytest.raises(InvalidRequest):
+            check_submission(**submission(**overrides))
