@@ -170,3 +170,115 @@ async def resumable(ctx: Context, steps: int) -> dict[str, object]:
 async def suicide(ctx: Context) -> None:
     """Kills the whole worker process, every time."""
     os._exit(17)
+
+
+# --- jobs whose own output PostgreSQL cannot store (tests/integration/test_unstorable.py,
+# tests/faults/test_garbage_generated.py) --------------------------------------------------
+
+
+def _nested(levels: int) -> object:
+    value: object = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def bad_value(kind: str, text: str) -> object:
+    """The return value a ``misbehave`` job of this kind produces."""
+    values = {
+        "ok": {"text": text},
+        "tiny_float": 1e-300,
+        "huge_float": 1e308,
+        "nul": {"s": text + "\x00"},
+        "nul_key": {text + "\x00": 1},
+        "surrogate": [text + "\ud800"],
+        "nan": float("nan"),
+        "inf": {"x": float("-inf")},
+        "huge_int": 10**5000,
+        "deep": _nested(150),
+        "very_deep": _nested(5000),
+        "big": "x" * (1024 * 1024 + 1),
+        "unserializable": {text, 1},
+    }
+    return values[kind]
+
+
+# kind -> (final status, error kind); what each misbehaviour must end as
+MISBEHAVIOURS: dict[str, tuple[str, str | None]] = {
+    "ok": ("succeeded", None),
+    "tiny_float": ("succeeded", None),
+    "huge_float": ("succeeded", None),
+    "nul": ("failed", "unstorable_result"),
+    "nul_key": ("failed", "unstorable_result"),
+    "surrogate": ("failed", "unstorable_result"),
+    "nan": ("failed", "unstorable_result"),
+    "inf": ("failed", "unstorable_result"),
+    "huge_int": ("failed", "unstorable_result"),
+    "deep": ("failed", "unstorable_result"),
+    "very_deep": ("failed", "unstorable_result"),
+    "big": ("failed", "unstorable_result"),
+    "unserializable": ("failed", "unserializable_result"),
+    "error_nul": ("failed", "permanent"),
+    "error_surrogate": ("failed", "permanent"),
+    "error_kind_nul": ("dead", "tests\ufffdapps\ufffd.BadError"),
+    "progress_nul": ("succeeded", None),
+    "checkpoint_nul": ("failed", "permanent"),
+    "checkpoint_nan": ("failed", "permanent"),
+    "checkpoint_big": ("failed", "permanent"),
+    "retry_far": ("failed", "unstorable_outcome"),
+    "once_nul": ("dead", "coldbrew.errors.UnstorableValue"),  # a ValueError: retried
+}
+POOL_MISBEHAVIOURS = [  # pickled back from a pool child: nothing deeply nested
+    k for k in MISBEHAVIOURS if k not in ("very_deep", "error_kind_nul", "unserializable")
+]
+
+# Python refuses a NUL or a lone surrogate in a class name, not in its module's name
+BadNameError = type("BadError", (Exception,), {"__module__": "tests\x00apps\udfff"})
+
+
+@app.job(max_attempts=2)
+async def misbehave(ctx: Context, kind: str, text: str = "") -> object:
+    """Returns, raises, reports or checkpoints something PostgreSQL cannot store."""
+    if kind == "error_nul":
+        raise Permanent(f"{text}\x00 went wrong")
+    if kind == "error_surrogate":
+        raise Permanent(f"{text}\ud800 went wrong")
+    if kind == "error_kind_nul":
+        raise BadNameError(text)
+    if kind == "progress_nul":
+        ctx.progress(0.5, f"\x00{text}\udfff")
+        return {"text": text}
+    if kind == "checkpoint_nul":
+        await ctx.checkpoint({"s": text + "\x00"})
+    if kind == "checkpoint_nan":
+        await ctx.checkpoint([float("nan")])
+    if kind == "checkpoint_big":
+        await ctx.checkpoint("x" * (2 << 20))
+    if kind == "retry_far":
+        raise Retry("come back in 1e300 seconds", delay=1e300)
+    if kind == "once_nul":
+        await ctx.once(f"effect\x00{text}")
+    return bad_value(kind, text)
+
+
+@app.job(queue="slow", max_attempts=2)
+def misbehave_in_pool(ctx: Context, kind: str, text: str = "") -> object:
+    """``misbehave`` in the process pool: the result is pickled back to the worker first."""
+    if kind == "error_nul":
+        raise Permanent(f"{text}\x00 went wrong")
+    if kind == "error_surrogate":
+        raise Permanent(f"{text}\ud800 went wrong")
+    if kind == "progress_nul":
+        ctx.progress(0.5, f"\x00{text}\udfff")
+        return {"text": text}
+    if kind == "checkpoint_nul":
+        ctx.checkpoint({"s": text + "\x00"})
+    if kind == "checkpoint_nan":
+        ctx.checkpoint([float("nan")])
+    if kind == "checkpoint_big":
+        ctx.checkpoint("x" * (2 << 20))
+    if kind == "retry_far":
+        raise Retry("come back in 1e300 seconds", delay=1e300)
+    if kind == "once_nul":
+        ctx.once(f"effect\x00{text}")
+    return bad_value(kind, text)

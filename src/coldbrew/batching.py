@@ -14,6 +14,15 @@ concurrent. Deliveries and jobs already on the loop then join: in
 bench/throughput.py, 8 turns took the claim and completion batches from ~6 to
 ~15 items and PostgreSQL's CPU per job from ~117 to ~86 µs. A lone caller
 (an idle system) is still flushed at once.
+
+One item's bad data (a NUL PostgreSQL refuses, a number out of range) fails
+the whole statement, which would fail every other caller in the batch with
+an error that is not theirs. Errors of the types in ``isolate`` therefore
+split the batch in halves and flush each again, down to single items: the
+good ones commit and only the bad one gets the error. A statement that
+failed wrote nothing, so flushing its items again is safe. One bad item
+among n costs about 2·log2(n) more statements; it is the exception path,
+not the throughput one.
 """
 
 from __future__ import annotations
@@ -40,16 +49,19 @@ class GroupCommit(Generic[T, R]):
         *,
         max_batch: int = 500,
         gather_turns: int = 0,
+        isolate: tuple[type[Exception], ...] = (),
     ) -> None:
         self.name = name
         self._flush = flush
         self._max_batch = max_batch
         self._gather_turns = gather_turns
+        self._isolate = isolate
         self._last_size = 0
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
         self.items = 0
+        self.isolated = 0  # batches split because an item's data failed them
 
     async def submit(self, item: T) -> R:
         """Queue ``item`` for the next flush and wait for its own result (or exception)."""
@@ -91,6 +103,10 @@ class GroupCommit(Generic[T, R]):
     async def _flush_one(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         self.batches += 1
         self.items += len(batch)
+        await self._settle(batch)
+
+    async def _settle(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        """Flush ``batch`` and resolve its futures; split it on an ``isolate`` error."""
         try:
             results = await self._flush([item for item, _ in batch])
         except asyncio.CancelledError:
@@ -98,6 +114,18 @@ class GroupCommit(Generic[T, R]):
                 future.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - every waiter gets the flush's own error
+            if len(batch) > 1 and isinstance(exc, self._isolate):
+                self.isolated += 1
+                log.warning(
+                    "group_commit_isolating",
+                    batcher=self.name,
+                    size=len(batch),
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                )
+                half = len(batch) // 2
+                await self._settle(batch[:half])
+                await self._settle(batch[half:])
+                return
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)

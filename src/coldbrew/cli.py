@@ -217,7 +217,7 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
 
     try:
         job_args = json.loads(args.args)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past ~1000 levels
         raise ConfigurationError(f"--args is not JSON: {exc}") from None
     if not isinstance(job_args, dict):
         raise ConfigurationError("--args must be a JSON object")

@@ -16,14 +16,14 @@ from typing import Any
 
 import structlog
 
+from coldbrew import storable
 from coldbrew.app import App
-from coldbrew.errors import BrokerUnavailable, ConfigurationError, JobNotFound
+from coldbrew.errors import BrokerUnavailable, InvalidRequest, JobNotFound
 from coldbrew.model import (
-    JOB_ID_RE,
-    MAX_PRIORITY,
-    NAME_RE,
     JobRecord,
     Status,
+    check_job_id,
+    check_submission,
     job_id_for_key,
     new_job_id,
 )
@@ -33,6 +33,9 @@ from coldbrew.topology import Topology
 from coldbrew.transport import Broker, JobMessage
 
 log = structlog.get_logger("coldbrew.client")
+
+MAX_REASON = 500
+"""Longest cancel reason, in characters (it becomes the job's error message)."""
 
 
 class Client:
@@ -118,17 +121,23 @@ class Client:
         if spec is not None:
             args = spec.validate_args(args)
         lane = queue or (spec.queue if spec else "default")
-        for what, value in (("tenant", tenant), ("queue", lane)):
-            if not NAME_RE.match(value):
-                raise ConfigurationError(f"{what} {value!r} must match {NAME_RE.pattern}")
-        if not 0 <= priority <= MAX_PRIORITY:
-            raise ConfigurationError(f"priority must be 0..{MAX_PRIORITY}, not {priority}")
-        if job_id is not None and not JOB_ID_RE.match(job_id):
-            raise ConfigurationError("job id must be 1-128 printable ASCII characters")
-        if max_attempts is not None and not 1 <= max_attempts <= 1000:
-            raise ConfigurationError("max_attempts must be 1..1000")
-        if idempotency_key is not None and not 0 < len(idempotency_key) <= 256:
-            raise ConfigurationError("idempotency key must be 1-256 characters")
+        if max_attempts is None:
+            max_attempts = (spec and spec.max_attempts) or self.settings.max_attempts
+        if timeout is None and spec is not None:
+            timeout = spec.timeout
+        # what goes on the wire, defaults filled in: exactly what a worker will check
+        check_submission(
+            job_id=job_id,
+            type=type,
+            args=args,
+            queue=lane,
+            tenant=tenant,
+            priority=priority,
+            idempotency_key=idempotency_key,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            max_body_bytes=self.settings.max_body_bytes,
+        )
         job_id = job_id or (
             job_id_for_key(tenant, idempotency_key) if idempotency_key else new_job_id()
         )
@@ -139,8 +148,8 @@ class Client:
             tenant=tenant,
             args=args,
             priority=priority,
-            max_attempts=max_attempts or (spec and spec.max_attempts) or self.settings.max_attempts,
-            timeout=timeout or (spec.timeout if spec else None),
+            max_attempts=max_attempts,
+            timeout=timeout,
             idempotency_key=idempotency_key,
         )
 
@@ -169,13 +178,16 @@ class Client:
 
     async def status(self, job_id: str) -> dict[str, Any]:
         """The job's status JSON (DESIGN §1)."""
-        return (await self.store.jobs.get_job(job_id)).to_status_json()
+        return (await self.get(job_id)).to_status_json()
 
     async def get(self, job_id: str) -> JobRecord:
+        """The job's record; ``InvalidRequest`` for an id no job can have (a NUL, say)."""
+        check_job_id(job_id)
         return await self.store.jobs.get_job(job_id)
 
     async def wait(self, job_id: str, *, timeout: float = 60.0, poll: float = 0.2) -> JobRecord:
         """Wait until the job is terminal; raise ``TimeoutError`` after ``timeout`` seconds."""
+        check_job_id(job_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         delay = min(poll, 0.05)
@@ -190,6 +202,10 @@ class Client:
 
     async def cancel(self, job_id: str, reason: str = "cancelled by request") -> JobRecord:
         """Cancel a waiting job at once; a running one is stopped within one heartbeat."""
+        check_job_id(job_id)
+        if (problem := storable.text_problem(reason)) is not None or len(reason) > MAX_REASON:
+            problem = problem or f"is {len(reason)} characters long; the limit is {MAX_REASON}"
+            raise InvalidRequest("invalid_request", f"the cancel reason {problem}")
         record = await self.store.jobs.request_cancel(job_id, reason)
         if record.status is Status.RUNNING:
             log.info("cancel_requested", job_id=job_id)

@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from coldbrew import storable
+from coldbrew.errors import UnstorableCheckpoint, UnstorableValue
+from coldbrew.store import RawJSON
+
 if TYPE_CHECKING:
     import asyncpg
 
@@ -22,6 +26,9 @@ if TYPE_CHECKING:
     from coldbrew.store import JobStore
 
 _log = structlog.get_logger("coldbrew.job")
+
+MAX_PROGRESS_MESSAGE = 500
+"""Longest progress message, in characters; a longer one is cut."""
 
 
 class Context:
@@ -82,13 +89,22 @@ class Context:
             if not isinstance(fraction, int | float) or math.isnan(fraction):
                 raise ValueError(f"progress must be a number in 0..1, not {fraction!r}")
             fraction = min(max(float(fraction), 0.0), 1.0)
-        if message is not None:
-            message = str(message)[:500]
+        if message is not None:  # NUL or a lone surrogate would fail the progress write
+            message = storable.clean_text(str(message)[:MAX_PROGRESS_MESSAGE])
         self._on_progress(fraction, message)
 
     async def checkpoint(self, state: Any) -> None:
-        """Save JSON state that the next attempt of this job starts from (fenced)."""
-        await self._store.jobs.save_checkpoint(self.job_id, self.attempt, state)
+        """Save JSON state that the next attempt of this job starts from (fenced).
+
+        Raises ``UnstorableCheckpoint`` (a ``Permanent``) for state PostgreSQL
+        cannot store -- a NUL, NaN, more than 1 MiB -- and ``TypeError`` for
+        state that is not JSON, before anything is written.
+        """
+        try:
+            encoded = RawJSON(storable.dump_json(state, "checkpoint"))
+        except UnstorableValue as exc:
+            raise UnstorableCheckpoint(exc.field, exc.problem) from None
+        await self._store.jobs.save_checkpoint(self.job_id, self.attempt, encoded)
         self.checkpoint_state = state
 
     async def once(self, name: str) -> bool:
@@ -98,6 +114,7 @@ class Context:
         worker dies between the two, the effect is skipped on retry (at most
         once, never twice).
         """
+        storable.check_text(name, "once name")  # UnstorableValue (a ValueError) for a NUL
         return await self._store.jobs.claim_once(self.job_id, name, self.attempt)
 
     def once_in_transaction(
@@ -110,6 +127,7 @@ class Context:
         the guard was taken before. Whatever the block writes through ``conn``
         commits together with the guard, or not at all.
         """
+        storable.check_text(name, "once name")
         return self._store.jobs.once_transaction(self.job_id, name, self.attempt)
 
     def breaker(self, name: str) -> CircuitBreaker:

@@ -26,6 +26,25 @@ class UnknownJobType(ConfigurationError):
     """A job type that the app does not register was asked for."""
 
 
+class InvalidRequest(ConfigurationError):
+    """A client refused a request before any I/O: a job a worker would reject
+    (``model.check_submission``), a job id no job can have, unstorable text.
+
+    ``reason`` is a stable code: the one a worker would dead-letter the
+    message with (``unstorable``, ``too_large``, ``invalid_args``),
+    ``invalid_job_id``, or ``invalid_request``. Refusing up front is what
+    keeps an accepted job from never running.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[type[InvalidRequest], tuple[str, str]]:
+        return type(self), (self.reason, self.detail)
+
+
 # --- services unavailable (exit 3) ------------------------------------------
 
 
@@ -88,6 +107,50 @@ class StaleWrite(ColdbrewError):
     """A write was fenced: the row moved on (another attempt, or another status)."""
 
 
+class UnstorableData(ColdbrewError, ValueError):
+    """Data bound for PostgreSQL that it cannot store; nothing of it was written.
+
+    Unlike an outage, trying the same data again fails again: the caller
+    records the failure against the job (or message) that carried it.
+    """
+
+
+class UnstorableValue(UnstorableData):
+    """A value failed ``storable``'s checks before any statement was sent.
+
+    ``field`` names where it sits (``args.items[3].name``), ``problem`` what
+    is wrong with it (``contains NUL (U+0000), which ...``).
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+        self.field = field
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[type[UnstorableValue], tuple[str, str]]:
+        # pickled whole (a process-pool job's ctx.checkpoint raises it in the child)
+        return type(self), (self.field, self.problem)
+
+
+class DataRefused(UnstorableData):
+    """PostgreSQL (or asyncpg, encoding a parameter) refused a statement's data.
+
+    SQLSTATE class 22 (data exception: NUL, bad UTF-8, numbers or intervals
+    out of range), a CHECK or NOT NULL violation, or class 54 (a program
+    limit such as jsonb's size). The statement rolled back and the
+    connection is fine. In group commit one item's data fails the whole
+    statement, so ``GroupCommit`` retries the items apart and only the bad
+    one gets this error (batching.py).
+    """
+
+    def __init__(self, message: str, sqlstate: str | None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+    def __reduce__(self) -> tuple[type[DataRefused], tuple[str, str | None]]:
+        return type(self), (str(self), self.sqlstate)
+
+
 # --- job control flow (raised by job code) ----------------------------------
 
 
@@ -97,6 +160,15 @@ class JobError(ColdbrewError):
 
 class Permanent(JobError):
     """Fail the job now, without retrying: the input or the request is wrong."""
+
+
+class UnstorableCheckpoint(Permanent, UnstorableValue):
+    """``ctx.checkpoint(state)`` got state that PostgreSQL cannot store.
+
+    Permanent: the same state fails the same way on every attempt, so the
+    job fails at once (kind ``permanent``) unless it catches this and
+    checkpoints something else.
+    """
 
 
 class Retry(JobError):

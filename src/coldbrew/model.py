@@ -3,7 +3,11 @@
 ``parse_envelope`` is the one place a delivery is checked against the message
 contract of DESIGN §1: everything it rejects becomes a dead letter with a
 stable reason code, so a producer in any language learns exactly what it did
-wrong.
+wrong. ``check_submission`` is its other side: every coldbrew submitter (the
+``Client``, so the CLI and ``POST /jobs`` too) refuses with it what a worker
+would reject, and ``message_body`` / ``message_headers`` build exactly what
+``parse_envelope`` reads back (tests/unit/test_contract_roundtrip.py), so an
+accepted job is one a worker runs.
 """
 
 from __future__ import annotations
@@ -17,11 +21,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from coldbrew.errors import ContractViolation
+from coldbrew import storable
+from coldbrew.app import JOB_TYPE_RE
+from coldbrew.errors import ContractViolation, InvalidRequest, UnstorableValue
 
+# Always .fullmatch(): with .match, "$" also matches before a trailing newline, and a
+# tenant "acme\n" made a queue name pamqp refuses, which stranded its delivery.
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 JOB_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 MAX_PRIORITY = 9
+MAX_ATTEMPTS = 1000
+MAX_IDEMPOTENCY_KEY = 256
+MIN_TIMEOUT_SECONDS = 0.001
+"""The shortest job timeout (1 ms); a shorter one is refused, not rounded."""
+MAX_TIMEOUT_SECONDS = 10_000_000
+"""Timeouts must be below this (about 116 days)."""
 _ID_NAMESPACE = uuid.UUID("8f6c1f2e-6a4b-4f7e-9a55-0c01db5e7a11")
 
 
@@ -95,8 +109,9 @@ def parse_envelope(
     args = document.get("args", {})
     if not isinstance(args, dict):
         raise ContractViolation("invalid_args", f'"args" must be an object, not {_kind(args)}')
+    check_args(args)
     headers = headers or {}
-    key = _header_str(headers, "x-idempotency-key", 256)
+    key = _header_key(headers)
     job_id = _job_id(message_id, tenant, key)
     clamped = priority is not None and not 0 <= priority <= MAX_PRIORITY
     return Envelope(
@@ -107,10 +122,127 @@ def parse_envelope(
         tenant=tenant,
         priority=min(max(priority or 0, 0), MAX_PRIORITY),
         idempotency_key=key,
-        max_attempts=_header_int(headers, "x-max-attempts", 1, 1000),
+        max_attempts=_header_int(headers, "x-max-attempts"),
         timeout=_header_float(headers, "x-timeout-seconds"),
         priority_clamped=clamped,
     )
+
+
+def check_args(args: dict[str, Any]) -> None:
+    """Refuse args that PostgreSQL cannot store (``unstorable``: NUL, NaN, ... and where)."""
+    try:
+        storable.check_json(args, "args")
+    except UnstorableValue as exc:
+        raise ContractViolation("unstorable", str(exc)) from None
+
+
+# --- the submitter's side ---------------------------------------------------------
+
+
+def check_submission(
+    *,
+    job_id: str | None,
+    type: str,
+    args: dict[str, Any],
+    queue: str,
+    tenant: str,
+    priority: int,
+    idempotency_key: str | None,
+    max_attempts: int | None,
+    timeout: float | None,
+    max_body_bytes: int,
+) -> None:
+    """Raise ``InvalidRequest`` for a job a worker would dead-letter; say which field and why.
+
+    The same checks as ``parse_envelope`` (they are shared below), a little
+    stricter where a worker forgives: a priority outside 0..9 is refused, not
+    clamped, and the type must be one an app could register.
+    """
+    try:
+        _check_submission(
+            job_id, type, args, queue, tenant, priority, idempotency_key, max_attempts, timeout
+        )
+        size = len(message_body(type, args))
+    except ContractViolation as violation:
+        raise InvalidRequest(violation.reason, violation.detail) from None
+    except (TypeError, ValueError) as exc:  # json.dumps: a value JSON has no form for
+        raise InvalidRequest("invalid_args", f"args are not JSON: {exc}") from None
+    if size > max_body_bytes:
+        raise InvalidRequest(
+            "too_large",
+            f"the message body would be {size} bytes; workers refuse more than {max_body_bytes}"
+            " (COLDBREW_MAX_BODY_BYTES)",
+        )
+
+
+def _check_submission(
+    job_id: object,
+    job_type: object,
+    args: object,
+    queue: object,
+    tenant: object,
+    priority: object,
+    idempotency_key: object,
+    max_attempts: object,
+    timeout: object,
+) -> None:
+    invalid = "invalid_request"
+    if not isinstance(job_type, str) or not JOB_TYPE_RE.fullmatch(job_type):
+        raise ContractViolation(invalid, f"job type {job_type!r} must match {JOB_TYPE_RE.pattern}")
+    for what, name in (("tenant", tenant), ("queue", queue)):
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise ContractViolation(invalid, f"{what} {name!r} must match {NAME_RE.pattern}")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ContractViolation(invalid, f"priority must be an integer, not {priority!r}")
+    if not 0 <= priority <= MAX_PRIORITY:
+        raise ContractViolation(invalid, f"priority must be 0..{MAX_PRIORITY}, not {priority}")
+    if job_id is not None and (not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id)):
+        raise ContractViolation(invalid, "job id must be 1-128 printable ASCII characters")
+    if not isinstance(args, dict):
+        raise ContractViolation("invalid_args", f"args must be an object, not {_kind(args)}")
+    if not all(isinstance(key, str) for key in args):
+        raise ContractViolation("invalid_args", "args' keys must be strings (they name parameters)")
+    check_args(args)
+    if idempotency_key is not None:
+        _check_key(idempotency_key, "idempotency key", invalid)
+    if max_attempts is not None:
+        _check_attempts(max_attempts, "max_attempts", invalid)
+    if timeout is not None:
+        _check_timeout(timeout, "timeout", invalid)
+
+
+def message_body(type: str, args: Mapping[str, Any]) -> bytes:
+    """The body of a job message: compact JSON, ASCII, never NaN (``parse_envelope`` reads it)."""
+    document = {"type": type, "args": args}
+    return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+
+
+def message_headers(
+    *, idempotency_key: str | None, max_attempts: int | None, timeout: float | None
+) -> dict[str, Any]:
+    """The optional headers of a job message, as ``parse_envelope`` reads them back.
+
+    The timeout goes as text (``repr`` of the float, which round-trips
+    exactly): an AMQP table has no double of its own in pamqp, which sends a
+    Python float as a 32-bit ``f``, so 1e-300 arrived as 0.0 and 0.1 as
+    0.10000000149.
+    """
+    headers: dict[str, Any] = {}
+    if idempotency_key is not None:
+        headers["x-idempotency-key"] = idempotency_key
+    if max_attempts is not None:
+        headers["x-max-attempts"] = max_attempts
+    if timeout is not None:
+        headers["x-timeout-seconds"] = repr(float(timeout))
+    return headers
+
+
+def check_job_id(job_id: str) -> None:
+    """Refuse, before any lookup, a job id no job can have (``invalid_job_id``)."""
+    if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
+        raise InvalidRequest(
+            "invalid_job_id", f"{job_id!r} is not a job id (1-128 printable ASCII characters)"
+        )
 
 
 def split_routing_key(key: str) -> tuple[str, str]:
@@ -120,11 +252,11 @@ def split_routing_key(key: str) -> tuple[str, str]:
         raise ContractViolation(
             "invalid_routing_key", f"routing key {key!r} is not <queue>.<tenant>"
         )
-    if not NAME_RE.match(queue):
+    if not NAME_RE.fullmatch(queue):
         raise ContractViolation(
             "invalid_queue", f"queue name {queue!r} must match {NAME_RE.pattern}"
         )
-    if not NAME_RE.match(tenant):
+    if not NAME_RE.fullmatch(tenant):
         raise ContractViolation(
             "invalid_tenant", f"tenant name {tenant!r} must match {NAME_RE.pattern}"
         )
@@ -133,17 +265,32 @@ def split_routing_key(key: str) -> tuple[str, str]:
 
 def _decode_body(body: bytes) -> dict[str, Any]:
     try:
-        document = json.loads(body)
+        # what json.loads(bytes) does (UTF-8/16/32, surrogates kept for check_args to
+        # name), with one decoder made once: json.loads with a keyword builds one per call
+        document = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ContractViolation("not_json", f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise ContractViolation(
+            "unstorable",
+            f"body nests deeper than Python can parse; the limit is {storable.MAX_DEPTH} levels",
+        ) from None
     if not isinstance(document, dict):
         raise ContractViolation("not_object", f"body must be a JSON object, not {_kind(document)}")
     return document
 
 
+def _no_constant(name: str) -> Any:
+    """``json.loads`` reads NaN and Infinity by default; JSON (and jsonb) has neither."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def _job_id(message_id: str | None, tenant: str, key: str | None) -> str:
     if message_id:
-        if not JOB_ID_RE.match(message_id):
+        if not JOB_ID_RE.fullmatch(message_id):
             raise ContractViolation(
                 "invalid_message_id", "message_id must be 1-128 printable ASCII characters"
             )
@@ -153,20 +300,32 @@ def _job_id(message_id: str | None, tenant: str, key: str | None) -> str:
     return new_job_id()
 
 
-def _header_str(headers: Mapping[str, Any], name: str, limit: int) -> str | None:
-    value = headers.get(name)
+def _header_key(headers: Mapping[str, Any]) -> str | None:
+    value = headers.get("x-idempotency-key")
     if value is None:
         return None
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if not isinstance(value, str) or not 0 < len(value) <= limit:
+    if isinstance(value, bytes | bytearray):  # pamqp: text that is not UTF-8, a byte array
+        try:
+            value = bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            # decoding with replacement would make different keys one job
+            raise ContractViolation(
+                "invalid_header", "x-idempotency-key is not UTF-8 text"
+            ) from None
+    return _check_key(value, "x-idempotency-key", "invalid_header")
+
+
+def _check_key(value: object, name: str, reason: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_IDEMPOTENCY_KEY:
         raise ContractViolation(
-            "invalid_header", f"{name} must be a string of 1-{limit} characters"
+            reason, f"{name} must be a string of 1-{MAX_IDEMPOTENCY_KEY} characters"
         )
+    if (problem := storable.text_problem(value)) is not None:
+        raise ContractViolation(reason, f"{name} {problem}")
     return value
 
 
-def _header_int(headers: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+def _header_int(headers: Mapping[str, Any], name: str) -> int | None:
     value = headers.get(name)
     if value is None:
         return None
@@ -175,8 +334,12 @@ def _header_int(headers: Mapping[str, Any], name: str, low: int, high: int) -> i
             value = int(value)
         except ValueError:
             raise ContractViolation("invalid_header", f"{name} must be an integer") from None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ContractViolation("invalid_header", f"{name} must be an integer in {low}..{high}")
+    return _check_attempts(value, name, "invalid_header")
+
+
+def _check_attempts(value: object, name: str, reason: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+        raise ContractViolation(reason, f"{name} must be an integer in 1..{MAX_ATTEMPTS}")
     return value
 
 
@@ -184,13 +347,26 @@ def _header_float(headers: Mapping[str, Any], name: str) -> float | None:
     value = headers.get(name)
     if value is None:
         return None
+    if isinstance(value, bool):
+        raise ContractViolation("invalid_header", f"{name} must be a number of seconds")
     try:
         number = float(value.decode() if isinstance(value, bytes) else value)
     except (TypeError, ValueError):
         raise ContractViolation("invalid_header", f"{name} must be a number of seconds") from None
-    if not 0 < number < 10**7:
-        raise ContractViolation("invalid_header", f"{name} must be positive seconds")
-    return number
+    return _check_timeout(number, name, "invalid_header")
+
+
+def _check_timeout(value: object, name: str, reason: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ContractViolation(reason, f"{name} must be a number of seconds")
+    # also false for NaN
+    if not MIN_TIMEOUT_SECONDS <= value < MAX_TIMEOUT_SECONDS:
+        raise ContractViolation(
+            reason,
+            f"{name} must be at least {MIN_TIMEOUT_SECONDS:g} and below "
+            f"{MAX_TIMEOUT_SECONDS:g} seconds, not {value!r}",
+        )
+    return float(value)
 
 
 def _kind(value: Any) -> str:

@@ -129,3 +129,96 @@ async def test_a_lone_item_never_waits_for_company() -> None:
     for n in range(3):
         assert await batcher.submit(n) == n * 10
     assert rec.batches == [[0], [1], [2]]
+
+
+# --- one item's bad data fails only that item -------------------------------------------
+
+
+class BadItem(ValueError):
+    """Stands for PostgreSQL refusing one item's data (errors.DataRefused)."""
+
+
+class Picky:
+    """A flush that refuses any batch holding a bad item, as one SQL statement would."""
+
+    def __init__(self, bad: set[int], error: type[Exception] = BadItem) -> None:
+        self.bad = bad
+        self.error = error
+        self.batches: list[list[int]] = []
+
+    async def flush(self, items: Sequence[int]) -> list[int]:
+        self.batches.append(list(items))
+        if found := [item for item in items if item in self.bad]:
+            raise self.error(f"item {found[0]} is refused")
+        return [item * 10 for item in items]
+
+
+async def settle_all(batcher: GroupCommit[int, int], items: range) -> list[int | Exception]:
+    futures = [batcher.enqueue(item) for item in items]  # all in one batch
+    return list(await asyncio.gather(*futures, return_exceptions=True))
+
+
+async def test_one_bad_item_fails_alone_and_the_rest_commit() -> None:
+    """The batch is split in halves until the bad item is alone: 2·log2(n) more flushes."""
+    picky = Picky(bad={5})
+    batcher = GroupCommit("t", picky.flush, isolate=(BadItem,))
+    results = await settle_all(batcher, range(16))
+    assert isinstance(results[5], BadItem) and "item 5" in str(results[5])
+    assert [r for i, r in enumerate(results) if i != 5] == [i * 10 for i in range(16) if i != 5]
+    assert picky.batches[0] == list(range(16))
+    assert [5] in picky.batches
+    committed = [batch for batch in picky.batches if 5 not in batch]
+    assert sorted(item for batch in committed for item in batch) == [
+        i for i in range(16) if i != 5
+    ]  # every good item committed exactly once
+    assert len(picky.batches) <= 1 + 2 * 4
+    assert (batcher.batches, batcher.items, batcher.isolated) == (1, 16, 4)
+
+
+async def test_several_bad_items_each_get_their_own_error() -> None:
+    picky = Picky(bad={0, 7, 8})
+    batcher = GroupCommit("t", picky.flush, isolate=(BadItem,))
+    results = await settle_all(batcher, range(9))
+    failed = [i for i, r in enumerate(results) if isinstance(r, BadItem)]
+    assert failed == [0, 7, 8]
+    assert all(f"item {i}" in str(results[i]) for i in failed)
+    assert [results[i] for i in (1, 2, 3, 4, 5, 6)] == [10, 20, 30, 40, 50, 60]
+
+
+async def test_a_lone_bad_item_is_not_retried() -> None:
+    picky = Picky(bad={3})
+    batcher = GroupCommit("t", picky.flush, isolate=(BadItem,))
+    with pytest.raises(BadItem):
+        await batcher.submit(3)
+    assert picky.batches == [[3]]
+
+
+async def test_other_errors_still_fail_the_whole_batch_without_retries() -> None:
+    """An outage is everybody's: no split, one flush, every waiter gets it."""
+    picky = Picky(bad={2}, error=ConnectionError)
+    batcher = GroupCommit("t", picky.flush, isolate=(BadItem,))
+    results = await settle_all(batcher, range(6))
+    assert all(isinstance(r, ConnectionError) for r in results)
+    assert picky.batches == [list(range(6))]
+    assert batcher.isolated == 0
+
+
+async def test_without_isolate_a_bad_item_fails_its_batch() -> None:
+    """The default (the release batcher): the old behaviour, one error for all."""
+    picky = Picky(bad={1})
+    batcher = GroupCommit("t", picky.flush)
+    results = await settle_all(batcher, range(4))
+    assert all(isinstance(r, BadItem) for r in results)
+    assert len(picky.batches) == 1
+
+
+async def test_items_queued_during_an_isolation_go_in_the_next_batch() -> None:
+    picky = Picky(bad={1})
+    batcher = GroupCommit("t", picky.flush, isolate=(BadItem,))
+    first = [batcher.enqueue(item) for item in range(4)]
+    await asyncio.sleep(0)  # the flush task starts; these arrive while it isolates
+    later = [batcher.enqueue(item) for item in range(10, 13)]
+    results = await asyncio.gather(*first, *later, return_exceptions=True)
+    assert isinstance(results[1], BadItem)
+    assert results[4:] == [100, 110, 120]
+    assert picky.batches[-1] == [10, 11, 12]

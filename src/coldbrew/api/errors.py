@@ -18,9 +18,11 @@ from coldbrew.errors import (
     ConfigurationError,
     ContractViolation,
     DatabaseUnavailable,
+    InvalidRequest,
     JobNotFound,
     ServiceUnavailable,
     UnknownJobType,
+    UnstorableData,
 )
 
 log = structlog.get_logger("coldbrew.api")
@@ -89,6 +91,11 @@ async def on_coldbrew_error(request: Request, exc: Exception) -> Response:
         return error_response(404, "not_found", f"no job with id {exc.job_id!r}")
     if isinstance(exc, UnknownJobType):
         return error_response(422, "unknown_type", str(exc))
+    if isinstance(exc, InvalidRequest):  # what a worker would reject, refused before any write
+        return error_response(413 if exc.reason == "too_large" else 422, exc.reason, exc.detail)
+    if isinstance(exc, UnstorableData):  # PostgreSQL refused the data: the request's fault
+        log.warning("api_data_refused", path=request.url.path, error=str(exc))
+        return error_response(422, "unstorable", str(exc))
     if isinstance(exc, ConfigurationError | ContractViolation):
         kind = exc.reason if isinstance(exc, ContractViolation) else "invalid_request"
         return error_response(422, kind, str(exc))

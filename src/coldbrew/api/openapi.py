@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from coldbrew.model import MAX_PRIORITY
+from coldbrew.model import MAX_PRIORITY, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -99,7 +99,11 @@ _SUBMIT_SCHEMA: dict[str, Any] = {
         "queue": {"type": "string", "description": "the lane; defaults to the job type's"},
         "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY, "default": 0},
         "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000},
-        "timeout_seconds": {"type": "number", "exclusiveMinimum": 0},
+        "timeout_seconds": {
+            "type": "number",
+            "minimum": MIN_TIMEOUT_SECONDS,
+            "exclusiveMaximum": MAX_TIMEOUT_SECONDS,
+        },
     },
 }
 

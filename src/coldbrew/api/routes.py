@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from coldbrew import storable
 from coldbrew.api.auth import Principal
 from coldbrew.api.errors import ApiError
 from coldbrew.api.etag import if_none_match
@@ -23,7 +24,7 @@ from coldbrew.api.limits import WaiterSlot
 from coldbrew.api.schemas import parse_submit
 from coldbrew.api.watch import Snapshot, follow, wait_for_change
 from coldbrew.errors import JobNotFound, ServiceUnavailable
-from coldbrew.model import JobRecord, Status
+from coldbrew.model import MAX_IDEMPOTENCY_KEY, JobRecord, Status
 
 if TYPE_CHECKING:
     from coldbrew.api.app import ApiState
@@ -87,8 +88,16 @@ async def submit_job(request: Request) -> Response:
 
 def _idempotency_key(request: Request) -> str | None:
     key = request.headers.get("idempotency-key")
-    if key is not None and not 0 < len(key) <= 256:
-        raise ApiError(422, "invalid_idempotency_key", "Idempotency-Key must be 1-256 characters")
+    if key is None:
+        return None
+    if not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise ApiError(
+            422,
+            "invalid_idempotency_key",
+            f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters",
+        )
+    if (problem := storable.text_problem(key)) is not None:
+        raise ApiError(422, "invalid_idempotency_key", f"Idempotency-Key {problem}")
     return key
 
 

@@ -2,6 +2,8 @@
 
 Strict JSON parsing: ``"priority": "5"`` is an error rather than a guess, and
 an unknown field is rejected so a typo (``"prority"``) never passes silently.
+The bounds are the worker's own (model.py); the rest of what a worker would
+refuse, ``Client.submit`` refuses with the worker's code (``check_submission``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coldbrew.api.errors import ApiError
 from coldbrew.app import JOB_TYPE_RE
-from coldbrew.model import MAX_PRIORITY, NAME_RE
+from coldbrew.model import (
+    MAX_ATTEMPTS,
+    MAX_PRIORITY,
+    MAX_TIMEOUT_SECONDS,
+    MIN_TIMEOUT_SECONDS,
+    NAME_RE,
+)
 
 
 class SubmitBody(BaseModel):
@@ -25,8 +33,12 @@ class SubmitBody(BaseModel):
     tenant: Annotated[str | None, Field(pattern=NAME_RE.pattern)] = None
     queue: Annotated[str | None, Field(pattern=NAME_RE.pattern)] = None
     priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] = 0
-    max_attempts: Annotated[int | None, Field(ge=1, le=1000)] = None
-    timeout_seconds: Annotated[float | None, Field(gt=0, lt=10**7)] = None
+    max_attempts: Annotated[int | None, Field(ge=1, le=MAX_ATTEMPTS)] = None
+    # the worker's bounds (model.py); what else a worker refuses (a NUL in args, NaN,
+    # a body over its limit) Client.submit refuses with the worker's own checks
+    timeout_seconds: Annotated[
+        float | None, Field(ge=MIN_TIMEOUT_SECONDS, lt=MAX_TIMEOUT_SECONDS)
+    ] = None
 
 
 def parse_submit(body: bytes) -> SubmitBody:

@@ -19,7 +19,7 @@ from typing import Any, Final, TypeVar
 
 import asyncpg
 
-from coldbrew.errors import DatabaseUnavailable, TransientDatabaseError
+from coldbrew.errors import DatabaseUnavailable, DataRefused, TransientDatabaseError
 from coldbrew.settings import mask_url
 from coldbrew.sql import QUERIES
 from coldbrew.store.records import RawJSON
@@ -76,6 +76,24 @@ async def init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+# PostgreSQL refused a statement for the data it carried (errors.DataRefused): class 22
+# (asyncpg's own "invalid input for query argument" is one too), the CHECK and NOT NULL
+# constraints, and class 54 (a jsonb or array over a size limit). Not unique or foreign
+# key violations: those come from other rows, not from this statement's data.
+DATA_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.DataError,
+    asyncpg.CheckViolationError,
+    asyncpg.NotNullViolationError,
+    asyncpg.ProgramLimitExceededError,
+)
+
+
+def refused(exc: BaseException) -> DataRefused:
+    sqlstate = getattr(exc, "sqlstate", None)
+    detail = f"{sqlstate} {type(exc).__name__}: {exc}"  # asyncpg's text has PostgreSQL's DETAIL
+    return DataRefused(f"PostgreSQL refused the data ({detail})", sqlstate)
+
+
 def transient(exc: asyncpg.TransactionRollbackError) -> TransientDatabaseError:
     return TransientDatabaseError(
         f"PostgreSQL rolled the statement back ({exc.sqlstate} {type(exc).__name__}: {exc}); "
@@ -128,6 +146,8 @@ class Database:
             raise self.unavailable(exc) from exc
         except asyncpg.TransactionRollbackError as exc:
             raise transient(exc) from exc
+        except DATA_ERRORS as exc:  # this statement's data; the connection is fine
+            raise refused(exc) from exc
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
@@ -137,6 +157,8 @@ class Database:
                 yield conn
         except CONNECTION_ERRORS as exc:
             raise self.unavailable(exc) from exc
+        except DATA_ERRORS as exc:  # rolled back with its transaction
+            raise refused(exc) from exc
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:
@@ -148,6 +170,8 @@ class Database:
             raise self.unavailable(exc) from exc
         except asyncpg.TransactionRollbackError as exc:
             raise transient(exc) from exc
+        except DATA_ERRORS as exc:  # this statement's data; the connection is fine
+            raise refused(exc) from exc
 
     # --- the group-commit statements' connections ------------------------------------
 
@@ -170,6 +194,8 @@ class Database:
             raise self.unavailable(exc) from exc
         except asyncpg.TransactionRollbackError as exc:  # rolled back; the connection is fine
             raise transient(exc) from exc
+        except DATA_ERRORS as exc:  # this statement's data; the connection is fine
+            raise refused(exc) from exc
         except asyncio.CancelledError:
             self.drop_batch_conn(name)  # a statement may still be in flight on it
             raise

@@ -22,6 +22,7 @@ from typing import Any
 import asyncpg
 
 from coldbrew.batching import GroupCommit
+from coldbrew.errors import DataRefused
 from coldbrew.store.base import GATHER_TURNS, Database, StoreBase
 from coldbrew.store.records import ClaimRequest, ClaimResult, CommitMark, Outcome
 
@@ -81,11 +82,12 @@ class ClaimStore(StoreBase):
     def __init__(self, db: Database, config: ClaimConfig) -> None:
         super().__init__(db)
         self._config = config
+        # one job's refused data fails only that job's claim or outcome (batching.py)
         self.claim_batches: GroupCommit[ClaimRequest, ClaimResult] = GroupCommit(
-            "claim", self._claim_batch, gather_turns=GATHER_TURNS
+            "claim", self._claim_batch, gather_turns=GATHER_TURNS, isolate=(DataRefused,)
         )
         self.completion_batches: GroupCommit[Outcome, CommitMark | None] = GroupCommit(
-            "complete", self._complete_batch, gather_turns=GATHER_TURNS
+            "complete", self._complete_batch, gather_turns=GATHER_TURNS, isolate=(DataRefused,)
         )
         self._claim_seq = 0  # claim batches that returned so far (CommitMark.seq)
 

@@ -7,12 +7,12 @@ contract before it became a job, and is kept with its original bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import asyncpg
 
 from coldbrew.model import JobRecord
 from coldbrew.sql import QUERIES
+from coldbrew.storable import RejectedRow, storable_rejected
 from coldbrew.store.base import StoreBase
 
 
@@ -34,12 +34,11 @@ class DeadLetterStore(StoreBase):
         rows = await self._fetch("dlq_replay", reason_contains, job_id, limit, budget)
         return [row["id"] for row in rows]
 
-    async def insert_rejected(
-        self,
-        rows: Sequence[tuple[str, str, str | None, str, dict[str, Any] | None, bytes]],
-    ) -> None:
+    async def insert_rejected(self, rows: Sequence[RejectedRow]) -> None:
+        """Store rejected messages; whatever they hold (a NUL anywhere) is made storable."""
         query = QUERIES["insert_rejected"].text
-        await self._run(lambda conn: conn.executemany(query, rows))
+        safe = [storable_rejected(row) for row in rows]
+        await self._run(lambda conn: conn.executemany(query, safe))
 
     async def list_rejected(self, reason_contains: str | None, limit: int) -> list[asyncpg.Record]:
         return await self._fetch("list_rejected", reason_contains, limit)

@@ -9,7 +9,6 @@ publish (SEMANTICS §5).
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,7 @@ import structlog
 from aio_pika.abc import AbstractRobustExchange
 
 from coldbrew.errors import BrokerUnavailable
-from coldbrew.model import routing_key
+from coldbrew.model import message_body, message_headers, routing_key
 from coldbrew.transport.declare import Exchanges
 from coldbrew.transport.inbound import Inbound
 
@@ -60,16 +59,13 @@ class JobMessage:
     timeout: float | None = None
 
     def to_message(self) -> aio_pika.Message:
-        headers: dict[str, Any] = {}
-        if self.idempotency_key is not None:
-            headers["x-idempotency-key"] = self.idempotency_key
-        if self.max_attempts is not None:
-            headers["x-max-attempts"] = self.max_attempts
-        if self.timeout is not None:
-            headers["x-timeout-seconds"] = self.timeout
-        body = json.dumps({"type": self.type, "args": self.args}, separators=(",", ":"))
+        headers = message_headers(  # what parse_envelope reads back (model.py)
+            idempotency_key=self.idempotency_key,
+            max_attempts=self.max_attempts,
+            timeout=self.timeout,
+        )
         return aio_pika.Message(
-            body.encode(),
+            message_body(self.type, self.args),
             message_id=self.id,
             priority=self.priority,
             headers=headers,

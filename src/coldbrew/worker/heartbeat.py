@@ -14,7 +14,7 @@ import asyncio
 
 import structlog
 
-from coldbrew.errors import DatabaseUnavailable
+from coldbrew.errors import DatabaseUnavailable, UnstorableData
 from coldbrew.jobstate import InFlight, Stop
 from coldbrew.metrics import Metrics
 from coldbrew.settings import Settings
@@ -68,8 +68,12 @@ class Heartbeat:
 
     async def _flush_progress(self) -> None:
         updates = self.inflight.take_progress()
-        if updates:
+        if not updates:
+            return
+        try:
             await self.store.leases.write_progress(updates)
+        except UnstorableData as exc:  # a job's report, never the worker's: drop it, say so
+            log.warning("progress_refused", jobs=[u[0] for u in updates], error=str(exc))
 
     async def _extend_leases(self) -> None:
         held = self.inflight.held()

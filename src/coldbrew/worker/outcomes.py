@@ -8,14 +8,14 @@ retry policy (retry.py) into ``retrying`` with a delay, ``failed`` or
 
 from __future__ import annotations
 
-import json
 import random
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
-from coldbrew import retry
+from coldbrew import retry, storable
+from coldbrew.errors import UnstorableData, UnstorableValue
 from coldbrew.jobstate import JobState
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimResult, Outcome, RawJSON
@@ -26,7 +26,15 @@ log = structlog.get_logger("coldbrew.runner")
 def succeeded(state: JobState, result: Any) -> Outcome:
     """The outcome of a job that returned ``result``."""
     try:
-        encoded = RawJSON(json.dumps(result))
+        encoded = RawJSON(storable.dump_json(result, "result"))
+    except UnstorableValue as exc:  # NUL, NaN, too big...: PostgreSQL cannot store it
+        return Outcome(
+            state.id,
+            state.attempt,
+            "failed",
+            error_kind="unstorable_result",
+            error_message=f"the job's return value cannot be stored: {exc}",
+        )
     except (TypeError, ValueError) as exc:
         return Outcome(
             state.id,
@@ -85,8 +93,21 @@ def failed(
         state.id,
         state.attempt,
         str(decision.status),
-        error_kind=decision.error_kind,
-        error_message=decision.error_message,
+        error_kind=storable.clean_text(decision.error_kind, say=False),
+        error_message=storable.clean_text(decision.error_message),
         delay=decision.delay,
         dead_reason=decision.reason,
+    )
+
+
+def refused(outcome: Outcome, exc: UnstorableData) -> Outcome:
+    """What is written instead of an outcome PostgreSQL refused: a permanent failure."""
+    return Outcome(
+        outcome.id,
+        outcome.attempt,
+        "failed",
+        error_kind="unstorable_outcome",
+        error_message=storable.clean_text(
+            f"PostgreSQL refused this attempt's outcome ({outcome.status}): {exc}"
+        )[: retry.MAX_ERROR_MESSAGE],
     )

@@ -130,9 +130,10 @@ async def open_parts(stack: AsyncExitStack, shared: Shared) -> Parts:
     await broker.connect(prefetch=settings.effective_prefetch)
     stack.push_async_callback(broker.close)
     pool = await _open_pool(stack, shared)
-    runner = _runner(shared, store, broker, pool)
+    dead_letters = DeadLetters(store, broker, shared.metrics)
+    runner = _runner(shared, store, broker, pool, dead_letters)
     stack.push_async_callback(runner.close)  # before the broker closes
-    return await _build(stack, shared, store, broker, runner)
+    return await _build(stack, shared, store, broker, runner, dead_letters)
 
 
 async def _open_pool(stack: AsyncExitStack, shared: Shared) -> ProcessPool | None:
@@ -161,7 +162,13 @@ async def _open_pool(stack: AsyncExitStack, shared: Shared) -> ProcessPool | Non
     return pool
 
 
-def _runner(shared: Shared, store: JobStore, broker: Broker, pool: ProcessPool | None) -> JobRunner:
+def _runner(
+    shared: Shared,
+    store: JobStore,
+    broker: Broker,
+    pool: ProcessPool | None,
+    dead_letters: DeadLetters,
+) -> JobRunner:
     settings, metrics = shared.settings, shared.metrics
     breakers = Breakers(
         failure_threshold=settings.breaker_failure_threshold,
@@ -176,18 +183,23 @@ def _runner(shared: Shared, store: JobStore, broker: Broker, pool: ProcessPool |
         metrics=metrics,
         inflight=shared.inflight,
         lifecycle=shared.lifecycle,
+        dead_letters=dead_letters,
         breakers=breakers,
     )
 
 
 async def _build(
-    stack: AsyncExitStack, shared: Shared, store: JobStore, broker: Broker, runner: JobRunner
+    stack: AsyncExitStack,
+    shared: Shared,
+    store: JobStore,
+    broker: Broker,
+    runner: JobRunner,
+    dead_letters: DeadLetters,
 ) -> Parts:
     settings, metrics = shared.settings, shared.metrics
     metrics.watch_group_commits(store.group_commits)
     stats = StatsSnapshot(store, max_tenants=settings.metrics_max_tenants)
     stats.register(metrics)
-    dead_letters = DeadLetters(store, broker, metrics)
     tenants: TenantQueues | None = None
     intake = Intake(
         app=shared.app,

@@ -22,11 +22,13 @@ from coldbrew.errors import (
     DatabaseUnavailable,
     StaleWrite,
     TransientDatabaseError,
+    UnstorableData,
 )
 from coldbrew.jobstate import Delivery, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
 from coldbrew.store import CommitMark, JobStore, Outcome
 from coldbrew.transport import Broker
+from coldbrew.worker import outcomes
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.service import until_available
 
@@ -74,7 +76,11 @@ class OutcomeWriter:
                 outcome, progress=state.progress[0], progress_message=state.progress[1]
             )
             state.progress = None
-        written = await self._complete(outcome)
+        try:
+            written = await self._complete(outcome)
+        except UnstorableData as exc:  # e.g. a Retry(delay=) past what an interval holds
+            outcome = outcomes.refused(outcome, exc)
+            written = await self._complete(outcome)  # only our own text: storable
         if written is None:
             self.metrics.fenced_writes.labels("complete").inc()
             handles.finish("fenced", elapsed)
@@ -115,9 +121,12 @@ class OutcomeWriter:
         return await asyncio.shield(self._write_through_outage(outcome))
 
     def _retry_if_failed(self, outcome: Outcome, done: asyncio.Future[CommitMark | None]) -> None:
-        if done.cancelled() or not isinstance(done.exception(), DatabaseUnavailable):
-            return  # written, fenced, or shut down with the store
-        self._write_through_outage(outcome)
+        if done.cancelled():
+            return  # shut down with the store
+        if isinstance(exc := done.exception(), UnstorableData):
+            self._write_through_outage(outcomes.refused(outcome, exc))
+        elif isinstance(exc, DatabaseUnavailable):
+            self._write_through_outage(outcome)  # else written, or fenced
 
     def _write_through_outage(self, outcome: Outcome) -> asyncio.Task[CommitMark | None]:
         """A supervised task that retries the outcome's write until PostgreSQL answers."""

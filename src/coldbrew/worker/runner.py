@@ -29,10 +29,7 @@ from coldbrew.breaker import Breakers
 from coldbrew.caps import claim_capped
 from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.context import Context
-from coldbrew.errors import (
-    JobCancelled,
-    JobTimeout,
-)
+from coldbrew.errors import ContractViolation, JobCancelled, JobTimeout, UnstorableData
 from coldbrew.jobstate import Delivery, InFlight, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
 from coldbrew.procpool import ProcessPool
@@ -40,6 +37,7 @@ from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest, ClaimResult, JobStore, Outcome
 from coldbrew.transport import Broker
 from coldbrew.worker import outcomes
+from coldbrew.worker.dead_letters import DeadLetters
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.recorder import OutcomeWriter
 
@@ -59,6 +57,7 @@ class JobRunner:
         metrics: Metrics,
         inflight: InFlight,
         lifecycle: Lifecycle,
+        dead_letters: DeadLetters,
         breakers: Breakers | None = None,
     ) -> None:
         self.settings = settings
@@ -68,6 +67,7 @@ class JobRunner:
         self.metrics = metrics
         self.inflight = inflight
         self.lifecycle = lifecycle
+        self.dead_letters = dead_letters  # a delivery whose data PostgreSQL refused goes there
         self._rand = random.Random()
         self.breakers = breakers
         # COLDBREW_CLAIM_COMMIT=async: a delivery's ack waits until its claim is durable
@@ -105,10 +105,19 @@ class JobRunner:
         worker drains during the outage: the delivery is then handed back.
         """
         request = self._claim_request(delivery)
-        if capped:
-            claim = await self.writer.until_db_ok(lambda: claim_capped(self.store.caps, request))
-        else:
-            claim = await self.writer.until_db_ok(lambda: self.store.claims.claim(request))
+        try:
+            if capped:
+                claim = await self.writer.until_db_ok(
+                    lambda: claim_capped(self.store.caps, request)
+                )
+            else:
+                claim = await self.writer.until_db_ok(lambda: self.store.claims.claim(request))
+        except UnstorableData as exc:  # the job's own data, not the worker's trouble
+            violation = ContractViolation(
+                "unstorable", f"PostgreSQL refused the job at claim: {exc}"
+            )
+            self.dead_letters.reject(delivery.message, violation)  # stored, copied, acked
+            return None
         if claim is None:  # stopping while the database is away: let another worker have it
             await delivery.message.requeue()
         return claim
