@@ -35,8 +35,8 @@ from hypothesis import strategies as st
 
 from coldbrew.settings import Settings
 from tests.apps import MISBEHAVIOURS, POOL_MISBEHAVIOURS
-from tests.conftest import DATABASE_URL, make_settings
 from tests.faults.harness import Fleet, WorkerProcess, is_ready
+from tests.helpers import DATABASE_URL, make_settings
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from coldbrew import storable
 from coldbrew.errors import UnstorableValue
-from tests.conftest import DATABASE_URL
+from tests.helpers import DATABASE_URL
 
 
 @pytest.fixture

@@ -23,10 +23,10 @@ from coldbrew import model
 from coldbrew.client import Client
 from coldbrew.errors import DataRefused
 from coldbrew.settings import Settings
-from coldbrew.store import ClaimRequest, JobStore, Outcome, RawJSON
+from coldbrew.store import ClaimRequest, CommitMark, JobStore, Outcome, RawJSON
 from coldbrew.worker import Worker
 from tests.apps import MISBEHAVIOURS, POOL_MISBEHAVIOURS
-from tests.conftest import DATABASE_URL, WorkerFactory, wait_until
+from tests.helpers import DATABASE_URL, WorkerFactory, wait_until
 
 
 @pytest.fixture
@@ -57,7 +57,8 @@ async def test_a_refused_claim_fails_alone_and_its_batch_mates_are_claimed(
     """NUL in one claim's args (past the checks, as a bug would let it) fails that claim only."""
     bad = {2: {"t": "a\x00b"}, 5: {"t": "\ud800"}, 6: {"n": float("nan")}}
     requests = [claim_request(f"c-{i}", bad.get(i, {"value": i})) for i in range(8)]
-    futures = [store.claims.enqueue(r) for r in requests]  # queued together: one batch
+    # queued together: one batch
+    futures = [store.claims.claim_batches.enqueue(r) for r in requests]
     results = await asyncio.gather(*futures, return_exceptions=True)
     for index, result in enumerate(results):
         if index in bad:
@@ -65,7 +66,7 @@ async def test_a_refused_claim_fails_alone_and_its_batch_mates_are_claimed(
             assert result.sqlstate is not None and result.sqlstate.startswith("22")
         else:
             assert not isinstance(result, BaseException) and result.claimed, result
-    assert store.claims.isolated >= 1
+    assert store.claims.claim_batches.isolated >= 1
     rows = await query(settings.namespace, "SELECT id, status FROM jobs ORDER BY id")
     assert [(r["id"], r["status"]) for r in rows] == [
         (f"c-{i}", "running") for i in range(8) if i not in bad
@@ -76,7 +77,7 @@ async def test_a_refused_outcome_fails_alone_and_its_batch_mates_are_written(
     store: JobStore, settings: Settings
 ) -> None:
     """A NUL result and a retry delay past what an interval holds, among good outcomes."""
-    claims = [await store.claim(claim_request(f"o-{i}", {"value": i})) for i in range(6)]
+    claims = [await store.claims.claim(claim_request(f"o-{i}", {"value": i})) for i in range(6)]
     outcomes = [
         Outcome(c.id, c.attempt, "succeeded", result=RawJSON(json.dumps({"i": i})))
         for i, c in enumerate(claims)
@@ -84,11 +85,12 @@ async def test_a_refused_outcome_fails_alone_and_its_batch_mates_are_written(
     outcomes[1] = Outcome(claims[1].id, 1, "succeeded", result=RawJSON('{"t": "\\u0000"}'))
     outcomes[4] = Outcome(claims[4].id, 1, "retrying", error_kind="x", delay=1e300)
     results = await asyncio.gather(
-        *[store.completions.enqueue(o) for o in outcomes], return_exceptions=True
+        *[store.claims.completion_batches.enqueue(o) for o in outcomes], return_exceptions=True
     )
     assert isinstance(results[1], DataRefused) and "22P05" in str(results[1])
     assert isinstance(results[4], DataRefused) and "out of range" in str(results[4])
-    assert [results[i] for i in (0, 2, 3, 5)] == [True] * 4
+    # written: each answers the mark of the commit that wrote it (None would be fenced)
+    assert all(isinstance(results[i], CommitMark) for i in (0, 2, 3, 5)), results
     rows = await query(settings.namespace, "SELECT id, status FROM jobs ORDER BY id")
     assert [r["status"] for r in rows] == [
         "succeeded",
@@ -102,18 +104,18 @@ async def test_a_refused_outcome_fails_alone_and_its_batch_mates_are_written(
 
 async def test_pooled_statements_translate_refused_data_too(store: JobStore) -> None:
     """Outside group commit (the pool's _run), the same DataRefused, not a driver error."""
-    claim = await store.claim(claim_request("cp-1", {}))
+    claim = await store.claims.claim(claim_request("cp-1", {}))
     with pytest.raises(DataRefused, match="22P05"):
-        await store.save_checkpoint(claim.id, claim.attempt, {"s": "\x00"})
+        await store.jobs.save_checkpoint(claim.id, claim.attempt, {"s": "\x00"})
     with pytest.raises(DataRefused, match="surrogates not allowed"):
-        await store.request_cancel("cp-1", "\ud800")
+        await store.jobs.request_cancel("cp-1", "\ud800")
 
 
 async def test_a_rejected_message_with_nul_everywhere_is_stored(
     store: JobStore, settings: Settings
 ) -> None:
     """The rejected table holds what the message was rejected for; storing it cannot fail."""
-    await store.insert_rejected(
+    await store.dead.insert_rejected(
         [
             (
                 "invalid_message_id",
@@ -221,7 +223,7 @@ async def test_garbage_from_producers_is_rejected_and_the_worker_goes_on(
     )
     assert by_id["g-routing"]["routing_key"] == "default.t\ufffd"
     assert by_id["g-routing"]["reason"] == "invalid_tenant"
-    assert worker._fatal is None
+    assert worker.lifecycle.health() == (True, "ok")
     jobs = await query(settings.namespace, "SELECT id FROM jobs")
     assert [row["id"] for row in jobs] == [good.id]  # nothing of the garbage became a job
 
@@ -262,7 +264,7 @@ async def test_a_claim_postgresql_refuses_is_dead_lettered_not_fatal(
     assert {r["reason"] for r in rejected} == {"unstorable"}
     assert all("PostgreSQL refused the job at claim" in r["detail"] for r in rejected)
     assert all("22P05" in r["detail"] for r in rejected)
-    assert worker._fatal is None
+    assert worker.lifecycle.health() == (True, "ok")
 
 
 # --- a worker whose jobs produce what PostgreSQL cannot store ----------------------------
@@ -308,7 +310,7 @@ async def test_unstorable_job_output_fails_that_job_with_a_clear_kind(
         )
         if row["error_message"] is not None:
             assert row["error_message"], (job_type, kind)
-    assert worker._fatal is None
+    assert worker.lifecycle.health() == (True, "ok")
 
     def first(job_type: str, kind: str) -> asyncpg.Record:
         return next(rows[i] for i, j in jobs.items() if j == (job_type, kind))
