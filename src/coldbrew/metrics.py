@@ -28,6 +28,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from coldbrew.batching import GroupCommit
 from coldbrew.errors import ConfigurationError
+from coldbrew.model import Status
 
 if TYPE_CHECKING:
     from coldbrew.procpool import ProcessPool
@@ -89,8 +90,9 @@ class JobHandles:
     retries: Counter
     finished: Mapping[str, Counter]
 
-    def finish(self, outcome: Outcome, seconds: float | None = None) -> None:
-        """Count the outcome and, when the job ran, observe how long it took."""
+    def finish(self, outcome: Outcome | Status, seconds: float | None = None) -> None:
+        """Count the outcome (a final ``Status`` is its own label) and, when the job
+        ran, observe how long it took."""
         self.finished[outcome].inc()
         if seconds is not None:
             self.duration.observe(seconds)

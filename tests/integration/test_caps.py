@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from coldbrew.caps import claim_capped
+from coldbrew.caps import Capped, claim_capped
 from coldbrew.client import Client
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest, ClaimResult, JobStore
@@ -187,7 +187,7 @@ async def hold_advisory_lock(namespace: str, key: str) -> asyncpg.Connection:
     return conn
 
 
-async def timed_claim(store: JobStore, req: ClaimRequest) -> tuple[ClaimResult, float]:
+async def timed_claim(store: JobStore, req: ClaimRequest) -> tuple[ClaimResult | Capped, float]:
     began = time.perf_counter()
     result = await asyncio.wait_for(claim_capped(store.caps, req), timeout=5)
     return result, time.perf_counter() - began
@@ -196,9 +196,9 @@ async def timed_claim(store: JobStore, req: ClaimRequest) -> tuple[ClaimResult, 
 @pytest.mark.parametrize(
     ("key", "tenant_cap", "type_cap", "expected"),
     [
-        ("tenant:locked", 5, None, "capped:tenant:busy"),
-        ("type:echo", None, 5, "capped:type:busy"),
-        ("type:echo", 5, 5, "capped:type:busy"),  # the tenant's lock was free: then the type's
+        ("tenant:locked", 5, None, Capped("tenant", busy=True)),
+        ("type:echo", None, 5, Capped("type", busy=True)),
+        ("type:echo", 5, 5, Capped("type", busy=True)),  # the tenant's was free: then the type's
     ],
 )
 async def test_a_claim_whose_scope_lock_is_held_answers_busy_at_once(
@@ -207,7 +207,7 @@ async def test_a_claim_whose_scope_lock_is_held_answers_busy_at_once(
     key: str,
     tenant_cap: int | None,
     type_cap: int | None,
-    expected: str,
+    expected: Capped,
 ) -> None:
     """Another worker's capped claim holds the scope's lock: the claim does not wait for it
     (a pooled connection never queues on a lock), it answers busy and records the job."""
@@ -221,15 +221,14 @@ async def test_a_claim_whose_scope_lock_is_held_answers_busy_at_once(
     try:
         req = request("locked")
         result, seconds = await timed_claim(store, req)
-        assert result.status == expected
-        assert not result.claimed
+        assert result == expected
         assert seconds < 1.0
         assert (await store.jobs.get_job(req.id)).status == "queued"  # recorded, waiting
     finally:
         await holder.close()
     # the lock gone, the same delivery's claim goes through
     result, _ = await timed_claim(store, req)
-    assert result.claimed and result.attempt == 1
+    assert isinstance(result, ClaimResult) and result.claimed and result.attempt == 1
 
 
 async def test_an_uncapped_scope_takes_no_lock(client: Client, settings: Settings) -> None:
@@ -240,7 +239,7 @@ async def test_an_uncapped_scope_takes_no_lock(client: Client, settings: Setting
     holder = await hold_advisory_lock(settings.namespace, "type:echo")
     try:
         result, seconds = await timed_claim(client.store, request("locked"))
-        assert result.claimed and seconds < 1.0
+        assert isinstance(result, ClaimResult) and result.claimed and seconds < 1.0
     finally:
         await holder.close()
 
@@ -258,14 +257,15 @@ async def test_concurrent_claims_from_two_stores_never_pass_the_cap(
         results = await asyncio.gather(
             *(claim_capped(stores[i % 2].caps, r) for i, r in enumerate(requests))
         )
-        statuses = {r.status for r in results if not r.claimed}
-        assert statuses <= {"capped:tenant", "capped:tenant:busy"}
+        waits = {r for r in results if isinstance(r, Capped)}
+        assert waits <= {Capped("tenant"), Capped("tenant", busy=True)}
+        assert all(isinstance(r, Capped) or r.claimed for r in results)
         # whatever was busy tries again, one at a time, until every claim had its answer
         for _ in range(3):
             for i, r in enumerate(requests):
-                if results[i].status == "capped:tenant:busy":
+                if results[i] == Capped("tenant", busy=True):
                     results[i] = await claim_capped(stores[i % 2].caps, r)
-        assert sum(r.claimed for r in results) == 3
+        assert sum(isinstance(r, ClaimResult) and r.claimed for r in results) == 3
         conn = await asyncpg.connect(DATABASE_URL)
         try:
             running = await conn.fetchval(

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from coldbrew.caps import CapGate, busy_scope, counted_scopes, full_scope, places_left
+from coldbrew.caps import CapGate, Capped, busy_scope, counted_scopes, full_scope, places_left
 from coldbrew.metrics import Metrics
 from coldbrew.scheduler import FairScheduler, Pending
 from coldbrew.store import CapLocks, CapRoom, ClaimRequest, ClaimResult
@@ -30,14 +30,19 @@ def locks(
     ("found", "expected"),
     [
         (locks(tenant_cap=2), None),
-        (locks(tenant_cap=2, tenant_locked=False, type_locked=None), "tenant:busy"),
-        (locks(type_cap=2, type_locked=False), "type:busy"),
+        (locks(tenant_cap=2, tenant_locked=False, type_locked=None), Capped("tenant", busy=True)),
+        (locks(type_cap=2, type_locked=False), Capped("type", busy=True)),
         # the tenant's lock is judged first: the type's was then not even tried
-        (locks(tenant_cap=1, type_cap=1, tenant_locked=False, type_locked=None), "tenant:busy"),
-        (locks(tenant_cap=1, type_cap=1, type_locked=False), "type:busy"),
+        (
+            locks(tenant_cap=1, type_cap=1, tenant_locked=False, type_locked=None),
+            Capped("tenant", busy=True),
+        ),
+        (locks(tenant_cap=1, type_cap=1, type_locked=False), Capped("type", busy=True)),
     ],
 )
-def test_busy_scope_names_the_lock_another_claim_holds(found: CapLocks, expected: str) -> None:
+def test_busy_scope_names_the_lock_another_claim_holds(
+    found: CapLocks, expected: Capped | None
+) -> None:
     assert busy_scope(found) == expected
 
 
@@ -51,16 +56,16 @@ def test_only_capped_scopes_are_counted() -> None:
     ("found", "room", "expected"),
     [
         (locks(tenant_cap=2), CapRoom(1, 0), None),
-        (locks(tenant_cap=2), CapRoom(2, 0), "tenant"),
-        (locks(tenant_cap=0), CapRoom(0, 0), "tenant"),  # cap 0: frozen
-        (locks(type_cap=1), CapRoom(0, 1), "type"),
-        (locks(tenant_cap=1, type_cap=1), CapRoom(1, 1), "tenant"),  # the tenant's first
-        (locks(tenant_cap=5, type_cap=1), CapRoom(1, 1), "type"),
+        (locks(tenant_cap=2), CapRoom(2, 0), Capped("tenant")),
+        (locks(tenant_cap=0), CapRoom(0, 0), Capped("tenant")),  # cap 0: frozen
+        (locks(type_cap=1), CapRoom(0, 1), Capped("type")),
+        (locks(tenant_cap=1, type_cap=1), CapRoom(1, 1), Capped("tenant")),  # the tenant's first
+        (locks(tenant_cap=5, type_cap=1), CapRoom(1, 1), Capped("type")),
         (locks(), CapRoom(100, 100), None),  # no cap: nothing can be full
     ],
 )
 def test_full_scope_is_the_first_cap_without_room(
-    found: CapLocks, room: CapRoom, expected: str | None
+    found: CapLocks, room: CapRoom, expected: Capped | None
 ) -> None:
     assert full_scope(found, room) == expected
 
@@ -124,11 +129,12 @@ async def test_a_claim_that_took_the_last_place_marks_the_scope_full() -> None:
     cap_gate.drain()
 
 
-async def test_a_capped_answer_is_left_to_park() -> None:
-    """``capped:<scope>`` is not a finished claim: the worker parks the delivery itself."""
+async def test_a_capped_answer_parks_the_delivery_until_a_wake() -> None:
+    """``Capped`` never reaches ``capped_claim_done`` (its type keeps it out): the intake
+    parks the delivery, and the scope stays blocked, as full, until a wake."""
     cap_gate, dispatched = gate()
     first = pending("j1")
     assert cap_gate.begin_claim(first, cap_gate.scopes(first))
-    cap_gate.capped_claim_done(claimed("j1", None, status="capped:tenant"))
-    assert cap_gate.blocked(("tenant", "acme"))  # still in flight until park
+    cap_gate.park(first, Capped("tenant"))
+    assert cap_gate.blocked(("tenant", "acme"))  # the claim is over, but the cap is full
     assert dispatched == []

@@ -11,7 +11,14 @@
 from __future__ import annotations
 
 from coldbrew.caps.claim import claim_capped
-from coldbrew.caps.decision import busy_scope, counted_scopes, full_scope, places_left
+from coldbrew.caps.decision import (
+    Capped,
+    ScopeKind,
+    busy_scope,
+    counted_scopes,
+    full_scope,
+    places_left,
+)
 from coldbrew.caps.gate import CAP_BUSY_RETRY, CAP_RETRY_FIRST, CAP_RETRY_MAX, CapGate, Scope
 
 __all__ = [
@@ -19,7 +26,9 @@ __all__ = [
     "CAP_RETRY_FIRST",
     "CAP_RETRY_MAX",
     "CapGate",
+    "Capped",
     "Scope",
+    "ScopeKind",
     "busy_scope",
     "claim_capped",
     "counted_scopes",

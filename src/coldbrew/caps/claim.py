@@ -6,9 +6,9 @@ type), then counts their ``running`` rows in a statement of its own, so its
 snapshot is taken under the locks: two workers cannot both see the last free
 place, and a crashed worker's jobs free their places when the reaper moves
 them, with no counter to drift. A lock held by another worker's capped claim
-answers at once: ``capped:<scope>:busy``, so no pooled connection ever waits
+answers at once: ``Capped(scope, busy=True)``, so no pooled connection ever waits
 on a lock. Without room the locks are let go, the job is recorded as queued
-(visible to ``status`` and the gauges) and ``capped:<scope>`` is returned;
+(visible to ``status`` and the gauges) and ``Capped(scope)`` is returned;
 its delivery is held, not nacked (``CapGate.park``). A claim that took a
 place carries ``places_left``, which the caller hands to
 ``CapGate.capped_claim_done`` before the job runs.
@@ -16,14 +16,14 @@ place carries ``places_left``, which the caller hands to
 
 from __future__ import annotations
 
-from coldbrew.caps.decision import busy_scope, counted_scopes, full_scope, places_left
+from coldbrew.caps.decision import Capped, busy_scope, counted_scopes, full_scope, places_left
 from coldbrew.store.caps import CapStore
 from coldbrew.store.records import ClaimRequest, ClaimResult
 
 __all__ = ["claim_capped"]
 
 
-async def claim_capped(caps: CapStore, request: ClaimRequest) -> ClaimResult:
+async def claim_capped(caps: CapStore, request: ClaimRequest) -> ClaimResult | Capped:
     """Claim ``request`` if its caps leave room; else record it as waiting (see above)."""
     async with caps.claim_session() as session:
         async with session.transaction():
@@ -40,6 +40,4 @@ async def claim_capped(caps: CapStore, request: ClaimRequest) -> ClaimResult:
         # no room: the locks are already let go; record the job as waiting
         await session.register_waiting(request)
         result, claimable = await session.claimability(request.id)
-    if claimable:
-        result.status = f"capped:{full}"
-    return result
+    return full if claimable else result  # else finished or held elsewhere: not a wait

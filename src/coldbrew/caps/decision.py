@@ -7,17 +7,35 @@ the order in which ``try_lock_cap_scopes`` takes the locks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from coldbrew.store.records import CapLocks, CapRoom
 
-__all__ = ["busy_scope", "counted_scopes", "full_scope", "places_left"]
+__all__ = ["Capped", "ScopeKind", "busy_scope", "counted_scopes", "full_scope", "places_left"]
+
+ScopeKind = Literal["tenant", "type"]
 
 
-def busy_scope(locks: CapLocks) -> str | None:
-    """Which scope's lock another transaction holds (``<scope>:busy``), or None."""
+@dataclass(frozen=True, slots=True)
+class Capped:
+    """A capped claim found no room: the job is recorded as queued and its delivery waits.
+
+    ``kind`` names the scope whose cap is full (the tenant's is judged first);
+    ``busy``: another worker's capped claim held that scope's lock at that
+    instant -- there may be room, so the delivery tries again soon.
+    """
+
+    kind: ScopeKind
+    busy: bool = False
+
+
+def busy_scope(locks: CapLocks) -> Capped | None:
+    """Which scope's lock another transaction holds (``busy``), or None."""
     if locks.tenant_locked is False:
-        return "tenant:busy"
+        return Capped("tenant", busy=True)
     if locks.type_locked is False:
-        return "type:busy"
+        return Capped("type", busy=True)
     return None
 
 
@@ -29,12 +47,12 @@ def counted_scopes(locks: CapLocks, tenant: str, job_type: str) -> tuple[str | N
     )
 
 
-def full_scope(locks: CapLocks, room: CapRoom) -> str | None:
+def full_scope(locks: CapLocks, room: CapRoom) -> Capped | None:
     """Which cap (``tenant`` first, then ``type``) leaves no room, or None."""
     if locks.tenant_cap is not None and room.tenant_running >= locks.tenant_cap:
-        return "tenant"
+        return Capped("tenant")
     if locks.type_cap is not None and room.type_running >= locks.type_cap:
-        return "type"
+        return Capped("type")
     return None
 
 

@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from coldbrew.caps.decision import Capped
 from coldbrew.jobstate import Delivery
 from coldbrew.metrics import Metrics
 from coldbrew.scheduler import FairScheduler, Pending
@@ -222,8 +223,6 @@ class CapGate:
         job runs: a claim that took a place lets the scope's next waiting delivery try at
         once, while this job runs, unless it took the last place (``result.places_left``);
         a claim that found a duplicate lets it try too."""
-        if result.status.startswith("capped:"):
-            return  # the worker parks it (``park``), in this same step
         entry = self._claiming.pop(result.id, None)
         if entry is None:
             return
@@ -247,11 +246,11 @@ class CapGate:
             del self._claiming[job_id]
             self._end_claim(entry[1], forget=forget)
 
-    def park(self, pending: Pending[Delivery], verdict: str) -> None:
+    def park(self, pending: Pending[Delivery], capped: Capped) -> None:
         """Hold a delivery whose cap is full (or whose lock was busy) until a wake: its
-        claim answered ``capped:<scope>[:busy]``. It is held, not nacked."""
+        claim answered ``capped``. It is held, not nacked."""
         self.claim_over(pending, forget=False)  # keep what a wake meanwhile said
-        kind, _, busy = verdict.removeprefix("capped:").partition(":")
+        kind = capped.kind
         scope = (kind, pending.tenant if kind == "tenant" else pending.payload.spec.name)
         self._metrics.cap_waits.labels(kind).inc()
         cap = self._cap(scope)
@@ -259,7 +258,7 @@ class CapGate:
             self._scheduler.push(pending)
         else:
             cap.hold(pending, self._aging_seconds, self._weights)
-        self._mark_full(scope, cap, busy=bool(busy))
+        self._mark_full(scope, cap, busy=capped.busy)
 
     def job_done(
         self, pending: Pending[Delivery], scopes: tuple[Scope, ...], *, draining: bool

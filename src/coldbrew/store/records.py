@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from coldbrew.model import Status
+
 __all__ = [
     "CapLocks",
     "CapRoom",
@@ -61,10 +63,7 @@ class CommitMark:
 class ClaimResult:
     """What a claim found: ``claimed`` with our attempt number, or the row's status.
 
-    A capped claim that found no room has status ``capped:tenant`` or
-    ``capped:type``: the job is recorded as queued and its delivery waits.
-    ``capped:tenant:busy`` or ``capped:type:busy``: another worker's capped
-    claim held that scope's lock at that instant (there may be room; try soon).
+    (A capped claim that found no room answers ``caps.Capped`` instead.)
     """
 
     id: str
@@ -90,7 +89,7 @@ class Outcome:
 
     id: str
     attempt: int
-    status: str
+    status: Status
     result: Any = None
     error_kind: str | None = None
     error_message: str | None = None

@@ -30,7 +30,7 @@ import structlog
 
 from coldbrew.aging import StarvationWatch
 from coldbrew.app import App
-from coldbrew.caps import CapGate, Scope
+from coldbrew.caps import CapGate, Capped, Scope
 from coldbrew.errors import ContractViolation, UnknownJobType
 from coldbrew.jobstate import Delivery
 from coldbrew.metrics import Metrics
@@ -234,22 +234,28 @@ class Intake:
             return
         delivery = pending.payload
         try:
-            claim = await self.runner.claim(delivery, capped=True)
-            if claim is None:  # drained during an outage: handed back already
+            claim = await self.runner.claim_capped(delivery)
+            if claim is None:  # refused, or drained during an outage: settled already
                 self.caps.claim_over(pending)
                 return
+            if isinstance(claim, Capped):  # no room: hold it (not nack it) until a wake
+                self._park(pending, claim)
+                return
             self.caps.capped_claim_done(claim)  # before the job runs: the next may try now
-            verdict = await self.runner.run_claimed(delivery, claim)
+            await self.runner.run_claimed(delivery, claim)
         except BaseException:
             self.caps.claim_over(pending)
             raise
-        if verdict is not None and self.lifecycle.draining:  # the drain handed the others back
+        # it ran here (or was a duplicate): a place of its scopes may have freed
+        self.caps.job_done(pending, scopes, draining=self.lifecycle.draining)
+        self.dispatch()
+
+    def _park(self, pending: Pending[Delivery], capped: Capped) -> None:
+        if self.lifecycle.draining:  # the drain handed the others back: this one too
             self.caps.claim_over(pending)
-            await pending.payload.message.requeue()
-        elif verdict is not None:  # the cap had no room: hold it, not nack it
-            self.caps.park(pending, verdict)
-        else:  # it ran here (or was a duplicate): a place of its scopes may have freed
-            self.caps.job_done(pending, scopes, draining=self.lifecycle.draining)
+            pending.payload.message.requeue_soon()
+        else:
+            self.caps.park(pending, capped)
         self.dispatch()
 
     def _job_done(self, task: asyncio.Task[None]) -> None:

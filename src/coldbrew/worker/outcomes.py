@@ -17,6 +17,7 @@ import structlog
 from coldbrew import retry, storable
 from coldbrew.errors import UnstorableData, UnstorableValue
 from coldbrew.jobstate import JobState
+from coldbrew.model import Status
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimResult, Outcome, RawJSON
 
@@ -31,7 +32,7 @@ def succeeded(state: JobState, result: Any) -> Outcome:
         return Outcome(
             state.id,
             state.attempt,
-            "failed",
+            Status.FAILED,
             error_kind="unstorable_result",
             error_message=f"the job's return value cannot be stored: {exc}",
         )
@@ -39,17 +40,17 @@ def succeeded(state: JobState, result: Any) -> Outcome:
         return Outcome(
             state.id,
             state.attempt,
-            "failed",
+            Status.FAILED,
             error_kind="unserializable_result",
             error_message=f"the job's return value is not JSON: {exc}",
         )
-    return Outcome(state.id, state.attempt, "succeeded", result=encoded)
+    return Outcome(state.id, state.attempt, Status.SUCCEEDED, result=encoded)
 
 
 def cancelled(state: JobState, reason: str) -> Outcome:
     """The outcome of a job stopped by a cancel request (or raising ``JobCancelled``)."""
     return Outcome(
-        state.id, state.attempt, "cancelled", error_kind="cancelled", error_message=reason
+        state.id, state.attempt, Status.CANCELLED, error_kind="cancelled", error_message=reason
     )
 
 
@@ -92,7 +93,7 @@ def failed(
     return Outcome(
         state.id,
         state.attempt,
-        str(decision.status),
+        Status(decision.status),
         error_kind=storable.clean_text(decision.error_kind, say=False),
         error_message=storable.clean_text(decision.error_message),
         delay=decision.delay,
@@ -105,7 +106,7 @@ def refused(outcome: Outcome, exc: UnstorableData) -> Outcome:
     return Outcome(
         outcome.id,
         outcome.attempt,
-        "failed",
+        Status.FAILED,
         error_kind="unstorable_outcome",
         error_message=storable.clean_text(
             f"PostgreSQL refused this attempt's outcome ({outcome.status}): {exc}"

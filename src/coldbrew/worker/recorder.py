@@ -26,6 +26,7 @@ from coldbrew.errors import (
 )
 from coldbrew.jobstate import Delivery, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
+from coldbrew.model import Status
 from coldbrew.store import CommitMark, JobStore, Outcome
 from coldbrew.transport import Broker
 from coldbrew.worker import outcomes
@@ -88,10 +89,10 @@ class OutcomeWriter:
         else:
             if self.claim_acks is not None:  # its commit made earlier async claims durable
                 self.claim_acks.completed(written)
-            handles.finish(outcome.status, elapsed)  # type: ignore[arg-type]
-            if outcome.status == "retrying":
+            handles.finish(outcome.status, elapsed)
+            if outcome.status is Status.RETRYING:
                 handles.retries.inc()
-            elif outcome.status == "dead":
+            elif outcome.status is Status.DEAD:
                 await self.publish_dead(
                     delivery, outcome.dead_reason or "dead", outcome.error_message or ""
                 )

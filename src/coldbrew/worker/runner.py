@@ -21,12 +21,13 @@ import asyncio
 import contextlib
 import random
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import structlog
 
 from coldbrew.breaker import Breakers
-from coldbrew.caps import claim_capped
+from coldbrew.caps import Capped, claim_capped
 from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.context import Context
 from coldbrew.errors import ContractViolation, JobCancelled, JobTimeout, UnstorableData
@@ -42,6 +43,7 @@ from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.recorder import OutcomeWriter
 
 log = structlog.get_logger("coldbrew.runner")
+C = TypeVar("C", ClaimResult, ClaimResult | Capped)
 
 
 class JobRunner:
@@ -93,25 +95,25 @@ class JobRunner:
     async def process(self, delivery: Delivery) -> None:
         """Claim, ack, run and record one delivery of no capped scope. Never raises
         (but CancelledError)."""
-        claim = await self.claim(delivery, capped=False)
+        request = self._claim_request(delivery)
+        claim = await self._claim(delivery, lambda: self.store.claims.claim(request))
         if claim is not None:
             await self.run_claimed(delivery, claim)
 
-    async def claim(self, delivery: Delivery, *, capped: bool) -> ClaimResult | None:
+    async def claim_capped(self, delivery: Delivery) -> ClaimResult | Capped | None:
+        """The claim of a job whose tenant or type has a fleet-wide cap (caps/claim.py):
+        ``Capped`` when the cap left no room; the caller holds the delivery then."""
+        request = self._claim_request(delivery)
+        return await self._claim(delivery, lambda: claim_capped(self.store.caps, request))
+
+    async def _claim(self, delivery: Delivery, op: Callable[[], Awaitable[C]]) -> C | None:
         """Upsert and claim the delivery's job, waiting out a database outage.
 
-        ``capped``: the job's tenant or type has a fleet-wide cap, so the claim
-        goes through the serialized capped path (caps/claim.py). None when the
-        worker drains during the outage: the delivery is then handed back.
+        None when the claim's data was refused (the delivery is dead-lettered)
+        or the worker drains during the outage (the delivery is handed back).
         """
-        request = self._claim_request(delivery)
         try:
-            if capped:
-                claim = await self.writer.until_db_ok(
-                    lambda: claim_capped(self.store.caps, request)
-                )
-            else:
-                claim = await self.writer.until_db_ok(lambda: self.store.claims.claim(request))
+            claim = await self.writer.until_db_ok(op)
         except UnstorableData as exc:  # the job's own data, not the worker's trouble
             violation = ContractViolation(
                 "unstorable", f"PostgreSQL refused the job at claim: {exc}"
@@ -122,18 +124,12 @@ class JobRunner:
             await delivery.message.requeue()
         return claim
 
-    async def run_claimed(self, delivery: Delivery, claim: ClaimResult) -> str | None:
-        """Ack, run and record a claimed job; ack a duplicate; tell a full cap.
-
-        Returns ``capped:<scope>`` when the cap left no room: the delivery is
-        then neither acked nor run, and the caller holds it until a place frees.
-        """
+    async def run_claimed(self, delivery: Delivery, claim: ClaimResult) -> None:
+        """Ack, run and record a claimed job; ack a duplicate or a job that is done."""
         message = delivery.message
-        if claim.status.startswith("capped:"):
-            return claim.status
         if not claim.claimed:
             await self._not_claimed(delivery, claim)
-            return None
+            return
         state = JobState(claim.id, claim.attempt, delivery, time.monotonic())
         if claim.mark is not None and self.claim_acks is not None:
             # committed asynchronously: ack once the claim is durable; the job starts now
@@ -154,7 +150,6 @@ class JobRunner:
         finally:
             self.inflight.remove(state)
             self.metrics.jobs_in_flight.dec()
-        return None
 
     def _claim_request(self, delivery: Delivery) -> ClaimRequest:
         env, spec = delivery.envelope, delivery.spec
@@ -291,4 +286,3 @@ class JobRunner:
             except Exception as exc:  # noqa: BLE001 - a failing hook must not lose the cancel
                 log.warning("on_cancel_hook_failed", job_id=state.id, error=repr(exc))
         return outcomes.cancelled(state, reason)
-
