@@ -113,5 +113,3 @@ async def amqp() -> AsyncIterator[aio_pika.abc.AbstractChannel]:
     channel = await connection.channel(publisher_confirms=True)
     yield channel
     await connection.close()
-
-

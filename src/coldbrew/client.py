@@ -20,6 +20,7 @@ from coldbrew import storable
 from coldbrew.app import App
 from coldbrew.errors import BrokerUnavailable, InvalidRequest, JobNotFound
 from coldbrew.model import (
+    JobFields,
     JobRecord,
     Status,
     check_job_id,
@@ -30,7 +31,7 @@ from coldbrew.model import (
 from coldbrew.settings import Settings, load_settings
 from coldbrew.store import ClaimRequest, JobStore
 from coldbrew.topology import Topology
-from coldbrew.transport import Broker, JobMessage
+from coldbrew.transport import Broker
 
 log = structlog.get_logger("coldbrew.client")
 
@@ -121,10 +122,10 @@ class Client:
         if spec is not None:
             args = spec.validate_args(args)
         lane = queue or (spec.queue if spec else "default")
-        if max_attempts is None:
-            max_attempts = (spec and spec.max_attempts) or self.settings.max_attempts
-        if timeout is None and spec is not None:
-            timeout = spec.timeout
+        given = JobFields(
+            job_id or "", type, lane, tenant, args, priority, max_attempts, timeout, idempotency_key
+        )
+        job = given.resolved(spec, self.settings.max_attempts)  # the defaults chain (model.py)
         # what goes on the wire, defaults filled in: exactly what a worker will check
         check_submission(
             job_id=job_id,
@@ -134,24 +135,14 @@ class Client:
             tenant=tenant,
             priority=priority,
             idempotency_key=idempotency_key,
-            max_attempts=max_attempts,
-            timeout=timeout,
+            max_attempts=job.max_attempts,
+            timeout=job.timeout,
             max_body_bytes=self.settings.max_body_bytes,
         )
-        job_id = job_id or (
+        job.id = job_id or (
             job_id_for_key(tenant, idempotency_key) if idempotency_key else new_job_id()
         )
-        return ClaimRequest(
-            id=job_id,
-            type=type,
-            queue=lane,
-            tenant=tenant,
-            args=args,
-            priority=priority,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            idempotency_key=idempotency_key,
-        )
+        return job
 
     async def _publish(self, request: ClaimRequest, mark: datetime) -> None:
         """Publish with a confirm, then clear the mark; on failure the relay publishes later."""
@@ -159,17 +150,7 @@ class Client:
             return
         try:
             await self.broker.publish_job(
-                JobMessage(
-                    id=request.id,
-                    type=request.type,
-                    queue=request.queue,
-                    tenant=request.tenant,
-                    args=request.args,
-                    priority=request.priority,
-                    idempotency_key=request.idempotency_key,
-                    max_attempts=request.max_attempts,
-                    timeout=request.timeout,
-                )
+                request  # the claim's fields are the message's (one job value)
             )
         except BrokerUnavailable as exc:
             log.warning("publish_deferred_to_relay", job_id=request.id, error=str(exc))

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from coldbrew import storable
 from coldbrew.app import JOB_TYPE_RE
@@ -72,18 +72,62 @@ def routing_key(queue: str, tenant: str) -> str:
 
 
 @dataclass(slots=True)  # built per job: not frozen, a frozen __init__ costs ~2.5x
-class Envelope:
-    """A delivery that satisfies the message contract (its type not yet looked up)."""
+class JobFields:
+    """A job's submission fields: the one value every form of a job is built from.
 
-    job_id: str
+    The producer's message (``transport.job_message``), a parsed delivery
+    (``Envelope``), the claim (``store.ClaimRequest``: these fields with the
+    defaults chain applied, ``resolved``) and the relay's due publish
+    (``store.DuePublish``) are this value or extend it, so a field is added
+    once and never copied field by field. ``queue`` is the lane.
+    """
+
+    id: str
     type: str
-    args: dict[str, Any]
     queue: str
     tenant: str
+    args: dict[str, Any]
     priority: int
-    idempotency_key: str | None
     max_attempts: int | None
+    """None: not set by the producer (the defaults chain decides)."""
     timeout: float | None
+    idempotency_key: str | None
+
+    def resolved(self, registered: Registered | None, default_max_attempts: int) -> JobFields:
+        """The defaults chain, written once: what the producer set (argument or header)
+        wins, then the job's registration (``@app.job(max_attempts=, timeout=)``),
+        then ``COLDBREW_MAX_ATTEMPTS``; a timeout has no setting (None: no timeout)."""
+        max_attempts, timeout = self.max_attempts, self.timeout
+        if registered is not None:
+            max_attempts = registered.max_attempts if max_attempts is None else max_attempts
+            timeout = registered.timeout if timeout is None else timeout
+        return JobFields(
+            self.id,
+            self.type,
+            self.queue,
+            self.tenant,
+            self.args,
+            self.priority,
+            default_max_attempts if max_attempts is None else max_attempts,
+            timeout,
+            self.idempotency_key,
+        )
+
+
+class Registered(Protocol):
+    """What a job's registration says about its defaults (``app.JobSpec`` is one)."""
+
+    @property
+    def max_attempts(self) -> int | None: ...
+
+    @property
+    def timeout(self) -> float | None: ...
+
+
+@dataclass(slots=True)  # built per delivery: not frozen, a frozen __init__ costs ~2.5x
+class Envelope(JobFields):
+    """A delivery that satisfies the message contract (its type not yet looked up)."""
+
     priority_clamped: bool = False
 
 
@@ -115,7 +159,7 @@ def parse_envelope(
     job_id = _job_id(message_id, tenant, key)
     clamped = priority is not None and not 0 <= priority <= MAX_PRIORITY
     return Envelope(
-        job_id=job_id,
+        id=job_id,
         type=job_type,
         args=args,
         queue=queue,

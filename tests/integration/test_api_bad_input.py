@@ -231,7 +231,7 @@ async def test_generated_garbage_is_never_a_500_and_what_is_accepted_a_worker_ac
         priority=message.priority,
         max_body_bytes=settings.max_body_bytes,
     )
-    assert envelope.job_id == response.json()["id"]
+    assert envelope.id == response.json()["id"]
 
 
 def test_the_property_saw_both_accepted_and_refused_bodies() -> None:

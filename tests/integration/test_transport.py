@@ -18,8 +18,9 @@ import aio_pika
 import pytest
 
 from coldbrew.errors import BrokerUnavailable
+from coldbrew.model import JobFields
 from coldbrew.topology import Topology
-from coldbrew.transport import Broker, Inbound, JobMessage
+from coldbrew.transport import Broker, Inbound
 from tests.helpers import AMQP_URL, drop_broker_entities, read_dead_letters, wait_until
 
 UPSTREAM = urlsplit(AMQP_URL)
@@ -100,8 +101,8 @@ async def broker(namespace: str, proxy: CuttableProxy) -> AsyncIterator[Broker]:
     await drop_broker_entities(namespace, [("default", "t1")])
 
 
-def job(index: int) -> JobMessage:
-    return JobMessage(id=f"j{index}", type="noop", queue="default", tenant="t1", args={})
+def job(index: int) -> JobFields:
+    return JobFields(f"j{index}", "noop", "default", "t1", {}, 0, None, None, None)
 
 
 async def consume(broker: Broker) -> asyncio.Queue[Inbound]:
@@ -115,7 +116,7 @@ async def consume(broker: Broker) -> asyncio.Queue[Inbound]:
     return got
 
 
-async def publish_once_restored(broker: Broker, message: JobMessage) -> None:
+async def publish_once_restored(broker: Broker, message: JobFields) -> None:
     """Publish as the relay does: a publish can fail while aio-pika still restores the
     publishing channel after the consuming ones (SEMANTICS §5), so retry until it is back."""
     loop = asyncio.get_running_loop()

@@ -81,7 +81,7 @@ def test_places_left_counts_the_claims_own_place() -> None:
 
 def pending(job_id: str, tenant: str = "acme", job_type: str = "echo") -> Pending[Any]:
     payload = SimpleNamespace(
-        envelope=SimpleNamespace(job_id=job_id), spec=SimpleNamespace(name=job_type)
+        envelope=SimpleNamespace(id=job_id), spec=SimpleNamespace(name=job_type)
     )
     return Pending(tenant, 0, 0.0, payload)
 

@@ -316,9 +316,9 @@ def roundtrip(job: dict[str, Any]) -> None:
         max_body_bytes=job["max_body_bytes"],
     )
     if job["job_id"] is not None:
-        assert envelope.job_id == job["job_id"]
+        assert envelope.id == job["job_id"]
     elif job["idempotency_key"] is not None:
-        assert envelope.job_id == job_id_for_key(job["tenant"], job["idempotency_key"])
+        assert envelope.id == job_id_for_key(job["tenant"], job["idempotency_key"])
     assert (envelope.type, envelope.queue, envelope.tenant) == (
         job["type"],
         job["queue"],

@@ -55,7 +55,7 @@ def test_valid_body_becomes_an_envelope() -> None:
     """A well-formed delivery yields its id, type, args, lane, tenant and defaults."""
     envelope = parse()
     assert envelope == Envelope(
-        job_id="job-1",
+        id="job-1",
         type="thumbnail",
         args={"video_id": "v1"},
         queue="default",
@@ -183,7 +183,7 @@ def test_routing_key_is_checked_before_the_body() -> None:
 
 def test_message_id_of_128_characters_is_accepted() -> None:
     """128 printable ASCII characters is the longest job id."""
-    assert parse(message_id="m" * 128).job_id == "m" * 128
+    assert parse(message_id="m" * 128).id == "m" * 128
 
 
 # --- job ids ------------------------------------------------------------------------------
@@ -192,7 +192,7 @@ def test_message_id_of_128_characters_is_accepted() -> None:
 def test_message_id_is_the_job_id_even_with_a_key() -> None:
     """An explicit message_id wins over the idempotency key."""
     envelope = parse(message_id="abc", headers={"x-idempotency-key": "k"})
-    assert envelope.job_id == "abc"
+    assert envelope.id == "abc"
     assert envelope.idempotency_key == "k"
 
 
@@ -200,7 +200,7 @@ def test_idempotency_key_derives_a_stable_id() -> None:
     """Without message_id the same key and tenant give the same job id, every time."""
     first = parse(message_id=None, headers={"x-idempotency-key": "upload-9931"})
     second = parse(message_id=None, headers={"x-idempotency-key": "upload-9931"})
-    assert first.job_id == second.job_id == job_id_for_key("acme", "upload-9931")
+    assert first.id == second.id == job_id_for_key("acme", "upload-9931")
     assert job_id_for_key("acme", "upload-9931") == job_id_for_key("acme", "upload-9931")
 
 
@@ -208,27 +208,27 @@ def test_idempotency_key_id_is_tenant_scoped() -> None:
     """The same key under two tenants names two different jobs."""
     acme = parse(key="default.acme", message_id=None, headers={"x-idempotency-key": "k"})
     other = parse(key="default.other", message_id=None, headers={"x-idempotency-key": "k"})
-    assert acme.job_id != other.job_id
+    assert acme.id != other.id
 
 
 def test_idempotency_key_id_does_not_depend_on_the_lane() -> None:
     """A key identifies a job per tenant, whichever lane the message came on."""
     fast = parse(key="fast.acme", message_id=None, headers={"x-idempotency-key": "k"})
     slow = parse(key="slow.acme", message_id=None, headers={"x-idempotency-key": "k"})
-    assert fast.job_id == slow.job_id
+    assert fast.id == slow.id
 
 
 def test_without_id_or_key_each_delivery_gets_a_new_id() -> None:
     """With neither message_id nor key, every parse makes a fresh UUID."""
     first, second = parse(message_id=None), parse(message_id=None)
-    assert first.job_id != second.job_id
-    assert re.fullmatch(r"[0-9a-f-]{36}", first.job_id)
+    assert first.id != second.id
+    assert re.fullmatch(r"[0-9a-f-]{36}", first.id)
 
 
 def test_empty_message_id_counts_as_absent() -> None:
     """An empty message_id falls back to the idempotency key."""
     envelope = parse(message_id="", headers={"x-idempotency-key": "k"})
-    assert envelope.job_id == job_id_for_key("acme", "k")
+    assert envelope.id == job_id_for_key("acme", "k")
 
 
 # --- headers and priority -----------------------------------------------------------------

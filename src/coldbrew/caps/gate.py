@@ -213,7 +213,7 @@ class CapGate:
         for scope in scopes:
             cap = self._cap(scope)
             cap.claiming, cap.woken = True, False
-        self._claiming[pending.payload.envelope.job_id] = (pending, scopes)
+        self._claiming[pending.payload.envelope.id] = (pending, scopes)
         return True
 
     # --- how a claim ended ---------------------------------------------------------
@@ -240,7 +240,7 @@ class CapGate:
     def claim_over(self, pending: Pending[Delivery], *, forget: bool = True) -> None:
         """``pending``'s capped claim ended without ``capped_claim_done`` (capped, gave up,
         or cancelled): its scopes may take another claim."""
-        job_id = pending.payload.envelope.job_id
+        job_id = pending.payload.envelope.id
         entry = self._claiming.get(job_id)
         if entry is not None and entry[0] is pending:
             del self._claiming[job_id]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from coldbrew.model import Status
+from coldbrew.model import JobFields, Status
 
 __all__ = [
     "CapLocks",
@@ -29,19 +29,9 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True)  # built per job: not frozen, a frozen __init__ costs ~2.5x
-class ClaimRequest:
-    """A delivered job to upsert and claim."""
-
-    id: str
-    type: str
-    queue: str
-    tenant: str
-    args: dict[str, Any]
-    priority: int
-    max_attempts: int
-    timeout: float | None
-    idempotency_key: str | None
+ClaimRequest = JobFields
+"""A job to upsert and claim: its fields with the defaults chain applied
+(``JobFields.resolved``), so ``max_attempts`` is set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,19 +89,10 @@ class Outcome:
     progress_message: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class DuePublish:
-    """A row the relay must (re)publish."""
+@dataclass(slots=True)
+class DuePublish(JobFields):
+    """A row the relay must (re)publish: the job's fields, and where its row stands."""
 
-    id: str
-    type: str
-    queue: str
-    tenant: str
-    args: dict[str, Any]
-    priority: int
-    max_attempts: int
-    timeout: float | None
-    idempotency_key: str | None
     attempt: int
     publish_after: datetime
 

@@ -7,7 +7,7 @@ never from its modules, which may move. What each module owns:
 - ``broker``: ``Broker``, the one object upper layers hold;
 - ``connection``: the robust connection (fail fast, then reconnect) and its channels;
 - ``declare``: the fixed exchanges and queues, and tenant queues;
-- ``publish``: confirmed publishes (``JobMessage``), failures as ``BrokerUnavailable``;
+- ``publish``: confirmed publishes (``job_message``), failures as ``BrokerUnavailable``;
 - ``consume``: the tenant queues' consumers over a bounded set of channels;
 - ``inbound``: ``Inbound``, one delivery, settled by ``ack()``, ``requeue()`` or ``reject()``;
 - ``acks``: acks batched per channel (``ChannelAcks``);
@@ -21,7 +21,6 @@ from __future__ import annotations
 from coldbrew.transport.acks import ChannelAcks
 from coldbrew.transport.broker import Broker
 from coldbrew.transport.inbound import Inbound, InboundHandler, OnDelivery
-from coldbrew.transport.publish import JobMessage
 from coldbrew.transport.sweep import Sweep
 
 __all__ = [
@@ -29,7 +28,6 @@ __all__ = [
     "ChannelAcks",
     "Inbound",
     "InboundHandler",
-    "JobMessage",
     "OnDelivery",
     "Sweep",
 ]

@@ -16,12 +16,13 @@ from typing import Any
 from aio_pika.abc import AbstractRobustChannel
 
 from coldbrew.errors import BrokerUnavailable
+from coldbrew.model import JobFields
 from coldbrew.topology import Topology
 from coldbrew.transport.connection import BrokerConnection
 from coldbrew.transport.consume import Consumers
 from coldbrew.transport.declare import declare_fixed, declare_job_queue
 from coldbrew.transport.inbound import Inbound, OnDelivery, requeue_all
-from coldbrew.transport.publish import JobMessage, Publisher
+from coldbrew.transport.publish import Publisher
 from coldbrew.transport.sweep import Sweep, Sweeper
 
 
@@ -74,11 +75,11 @@ class Broker:
 
     # --- publishing (publish.py) -------------------------------------------------------
 
-    async def publish_job(self, job: JobMessage) -> None:
+    async def publish_job(self, job: JobFields) -> None:
         """Publish one job and wait for the broker's confirm."""
         await self._publishing().publish_job(job)
 
-    async def publish_jobs(self, jobs: Sequence[JobMessage], *, window: int = 256) -> list[bool]:
+    async def publish_jobs(self, jobs: Sequence[JobFields], *, window: int = 256) -> list[bool]:
         """Publish many with confirms pipelined (``window`` in flight); True where confirmed."""
         return await self._publishing().publish_jobs(jobs, window=window)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
@@ -19,7 +18,7 @@ import structlog
 from aio_pika.abc import AbstractRobustExchange
 
 from coldbrew.errors import BrokerUnavailable
-from coldbrew.model import message_body, message_headers, routing_key
+from coldbrew.model import JobFields, message_body, message_headers, routing_key
 from coldbrew.transport.declare import Exchanges
 from coldbrew.transport.inbound import Inbound
 
@@ -44,34 +43,21 @@ PUBLISH_ERRORS: tuple[type[Exception], ...] = (
 """What a publish raises when RabbitMQ did not take the message."""
 
 
-@dataclass(frozen=True, slots=True)
-class JobMessage:
-    """What goes on the wire for one job, per the producer contract."""
-
-    id: str
-    type: str
-    queue: str
-    tenant: str
-    args: Mapping[str, Any]
-    priority: int = 0
-    idempotency_key: str | None = None
-    max_attempts: int | None = None
-    timeout: float | None = None
-
-    def to_message(self) -> aio_pika.Message:
-        headers = message_headers(  # what parse_envelope reads back (model.py)
-            idempotency_key=self.idempotency_key,
-            max_attempts=self.max_attempts,
-            timeout=self.timeout,
-        )
-        return aio_pika.Message(
-            message_body(self.type, self.args),
-            message_id=self.id,
-            priority=self.priority,
-            headers=headers,
-            content_type="application/json",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        )
+def job_message(job: JobFields) -> aio_pika.Message:
+    """What goes on the wire for one job, per the producer contract (DESIGN §3)."""
+    headers = message_headers(  # what parse_envelope reads back (model.py)
+        idempotency_key=job.idempotency_key,
+        max_attempts=job.max_attempts,
+        timeout=job.timeout,
+    )
+    return aio_pika.Message(
+        message_body(job.type, job.args),
+        message_id=job.id,
+        priority=job.priority,
+        headers=headers,
+        content_type="application/json",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )
 
 
 def copy_of(message: Inbound) -> aio_pika.Message:
@@ -98,16 +84,16 @@ class Publisher:
         self._exchanges = exchanges
         self._timeout = timeout
 
-    async def publish_job(self, job: JobMessage) -> None:
+    async def publish_job(self, job: JobFields) -> None:
         """Publish one job and wait for the broker's confirm."""
         jobs = self._exchanges.jobs
-        await self._publish(jobs, job.to_message(), routing_key(job.queue, job.tenant))
+        await self._publish(jobs, job_message(job), routing_key(job.queue, job.tenant))
 
-    async def publish_jobs(self, jobs: Sequence[JobMessage], *, window: int) -> list[bool]:
+    async def publish_jobs(self, jobs: Sequence[JobFields], *, window: int) -> list[bool]:
         """Publish many with confirms pipelined (``window`` in flight); True where confirmed."""
         limit = asyncio.Semaphore(window)
 
-        async def one(job: JobMessage) -> bool:
+        async def one(job: JobFields) -> bool:
             async with limit:
                 try:
                     await self.publish_job(job)

@@ -154,11 +154,11 @@ class OutcomeWriter:
                 reason=reason,
                 detail=detail,
                 headers=message.headers or {},
-                message_id=delivery.envelope.job_id,
+                message_id=delivery.envelope.id,
                 original_routing_key=message.routing_key or "",
             )
         except BrokerUnavailable as exc:
-            log.warning("dead_copy_not_published", job_id=delivery.envelope.job_id, error=str(exc))
+            log.warning("dead_copy_not_published", job_id=delivery.envelope.id, error=str(exc))
 
     async def until_db_ok(
         self, op: Callable[[], Awaitable[T]], *, give_up_on_stop: bool = True

@@ -14,25 +14,11 @@ import asyncio
 import structlog
 
 from coldbrew.metrics import Metrics
-from coldbrew.store import DuePublish, JobStore
-from coldbrew.transport import Broker, JobMessage
+from coldbrew.store import JobStore
+from coldbrew.transport import Broker
 from coldbrew.worker.service import Periodic
 
 log = structlog.get_logger("coldbrew.relay")
-
-
-def message_for(row: DuePublish) -> JobMessage:
-    return JobMessage(
-        id=row.id,
-        type=row.type,
-        queue=row.queue,
-        tenant=row.tenant,
-        args=row.args,
-        priority=row.priority,
-        idempotency_key=row.idempotency_key,
-        max_attempts=row.max_attempts,
-        timeout=row.timeout,
-    )
 
 
 class Relay:
@@ -62,7 +48,7 @@ class Relay:
         rows = await self.store.outbox.take_due_publishes(self.batch, self.retry_after)
         if not rows:
             return 0
-        confirmed = await self.broker.publish_jobs([message_for(row) for row in rows])
+        confirmed = await self.broker.publish_jobs(rows)
         marks = [(row.id, row.publish_after) for row, ok in zip(rows, confirmed, strict=True) if ok]
         await self.store.outbox.mark_published(marks)
         for row, ok in zip(rows, confirmed, strict=True):

@@ -152,18 +152,7 @@ class JobRunner:
             self.metrics.jobs_in_flight.dec()
 
     def _claim_request(self, delivery: Delivery) -> ClaimRequest:
-        env, spec = delivery.envelope, delivery.spec
-        return ClaimRequest(
-            id=env.job_id,
-            type=env.type,
-            queue=env.queue,
-            tenant=env.tenant,
-            args=env.args,
-            priority=env.priority,
-            max_attempts=env.max_attempts or spec.max_attempts or self.settings.max_attempts,
-            timeout=env.timeout or spec.timeout,
-            idempotency_key=env.idempotency_key,
-        )
+        return delivery.envelope.resolved(delivery.spec, self.settings.max_attempts)
 
     async def _not_claimed(self, delivery: Delivery, claim: ClaimResult) -> None:
         """The job is finished, held elsewhere, not due yet, or just ran out of attempts."""
@@ -173,7 +162,7 @@ class JobRunner:
         else:
             self.metrics.duplicate_deliveries.labels(env.queue).inc()
             self.metrics.redeliveries.labels("duplicate").inc()
-            log.debug("duplicate_delivery", job_id=env.job_id, status=claim.status)
+            log.debug("duplicate_delivery", job_id=env.id, status=claim.status)
         await delivery.message.ack()
 
     # --- running --------------------------------------------------------------------
