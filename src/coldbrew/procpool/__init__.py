@@ -7,7 +7,8 @@ child is supervised on its own: a job that times out or is cancelled has its
 child SIGKILLed and replaced, a child that crashes fails only its own job, and
 the jobs in the other children carry on.
 
-The package, one concern per module (each imports only the ones above it):
+The package, one concern per module; each imports only modules listed before
+it (an import-linter contract in pyproject.toml checks that):
 
 * ``errors``   -- ``PoolClosed``, ``RemoteJobError``;
 * ``protocol`` -- the frames on a child's socketpair, and exceptions on the wire;
