@@ -1,0 +1,35 @@
+"""One job in flight in the pool, as the parent sees it, and the host behind its ``ctx``.
+
+Why a separate record: the pool creates it in ``run()``, the child's handle
+settles its future from the child's frames and answers its RPCs through
+``host``, and both cancel what is left of it; neither owns the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["ContextHost", "PoolJob"]
+
+
+class ContextHost(Protocol):
+    """The parent-side services behind a pool job's ``ProcessContext``."""
+
+    def progress(self, fraction: float | None, message: str | None) -> None: ...
+
+    async def checkpoint(self, state: Any) -> None: ...
+
+    async def once(self, name: str) -> bool: ...
+
+
+@dataclass(eq=False)
+class PoolJob:
+    """A job handed to a child: its outcome is ``future``, its pending RPC answers ``rpcs``."""
+
+    job_id: str
+    job_type: str
+    host: ContextHost
+    future: asyncio.Future[Any]
+    rpcs: set[asyncio.Task[None]] = field(default_factory=set)
