@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -27,7 +27,14 @@ from aio_pika.abc import (
     AbstractRobustQueue,
 )
 
-from coldbrew.deliveries import Inbound, InboundConnection, InboundHandler, OnDelivery, settle
+from coldbrew.deliveries import (
+    Inbound,
+    InboundChannel,
+    InboundConnection,
+    InboundHandler,
+    OnDelivery,
+    settle,
+)
 from coldbrew.errors import BrokerUnavailable
 from coldbrew.model import routing_key
 from coldbrew.settings import mask_url
@@ -56,6 +63,15 @@ class Sweep:
     def drained(self) -> bool:
         """Whether it took every message that was ready when it began."""
         return len(self.messages) >= self.ready
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """A passive ``queue.declare``'s answer: ready messages (unacked ones are not counted)
+    and consumers."""
+
+    ready: int
+    consumers: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +156,10 @@ class Broker:
         self._dead_exchange: AbstractRobustExchange | None = None
         self._consumers: dict[str, tuple[AbstractRobustQueue, str]] = {}
         self._sweep_channel: AbstractRobustChannel | None = None
+        self._inspect_channel: AbstractRobustChannel | None = None
         self._closing = False
+        self.on_queue_cancelled: Callable[[str], None] | None = None
+        """Told a consumed queue's name when the broker cancels its consumer (deleted)."""
 
     async def connect(self, *, prefetch: int = 0) -> None:
         """Connect once (fail fast), open channels and declare the fixed topology."""
@@ -169,9 +188,16 @@ class Broker:
     async def _open_consume_channel(self) -> AbstractRobustChannel:
         assert self._connection is not None
         channel = await self._connection.channel(publisher_confirms=True)
+        if isinstance(channel, InboundChannel):
+            channel.on_queue_cancelled = self._consumer_cancelled
         if self._prefetch:
             await channel.set_qos(prefetch_count=self._prefetch)
         return channel
+
+    def _consumer_cancelled(self, queue_name: str) -> None:
+        log.warning("consumer_cancelled_by_broker", queue=queue_name)
+        if self.on_queue_cancelled is not None:
+            self.on_queue_cancelled(queue_name)
 
     async def _next_consume_channel(self) -> AbstractRobustChannel:
         """Queues go round-robin onto up to ``consume_channels`` channels.
@@ -428,6 +454,30 @@ class Broker:
         if channel is None or channel.is_closed:
             channel = self._sweep_channel = await self._connection.channel()
         return channel
+
+    async def queue_counts(self, queue_name: str) -> QueueCounts | None:
+        """Ready messages and consumers of a queue (a passive declare); None if it is missing.
+
+        On a channel of its own: the broker closes a channel on the 404 of a
+        missing queue, and it is reopened for the next call.
+        """
+        if self._connection is None:
+            raise BrokerUnavailable("broker used before connect()")
+        try:
+            channel = self._inspect_channel
+            if channel is None or channel.is_closed:
+                channel = self._inspect_channel = await self._connection.channel(
+                    publisher_confirms=False
+                )
+            queue = await channel.declare_queue(queue_name, passive=True, robust=False)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            self._inspect_channel = None
+            return None
+        except PUBLISH_ERRORS as exc:
+            self._inspect_channel = None
+            raise BrokerUnavailable(f"counting {queue_name}: {exc or type(exc).__name__}") from exc
+        result = queue.declaration_result
+        return QueueCounts(result.message_count or 0, result.consumer_count or 0)
 
     @staticmethod
     async def requeue(messages: Sequence[Inbound]) -> None:

@@ -323,6 +323,21 @@ class InboundQueue(RobustQueue):
 class InboundChannel(RobustChannel):
     QUEUE_CLASS = InboundQueue
 
+    on_queue_cancelled: Callable[[str], None] | None = None
+    """Told the queue's name when the broker cancels one of our consumers (basic.cancel:
+    the queue was deleted); aio-pika restores the consumer, the owner the rest."""
+
+    def _on_consumer_cancel(self, frame: aiormq.spec.Basic.Cancel) -> None:
+        super()._on_consumer_cancel(frame)
+        hook = self.on_queue_cancelled
+        if hook is None:
+            return
+        for queues in self._queues.values():
+            for queue in queues:
+                if frame.consumer_tag in queue._consumers:
+                    hook(queue.name)
+                    return
+
 
 class InboundConnection(RobustConnection):
     """``aio_pika.connect_robust(connection_class=…)``: every queue it declares is inbound."""

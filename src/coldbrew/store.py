@@ -793,6 +793,64 @@ class JobStore:
                 await conn.close(timeout=5)
 
 
+    # --- reconciliation (worker/reconcile.py) and rejected rows (worker/dead_letters.py) ---
+
+    async def reconcile(self, work: Callable[[ReconcilePass], Awaitable[T]]) -> T | None:
+        """Run ``work`` in one transaction holding the namespace's reconcile lock.
+
+        None, without running it, when another worker's pass holds the lock:
+        one pass at a time across the fleet, so two workers never make the
+        same lost rows due twice. The transaction stays open while ``work``
+        asks the broker for its counts (a few milliseconds per queue).
+        """
+
+        async def op(conn: asyncpg.Connection) -> T | None:
+            async with conn.transaction():
+                row = await conn.fetchrow(QUERIES["reconcile_lock"].text)
+                if not row["locked"]:
+                    return None
+                return await work(ReconcilePass(conn, row["started"], row["last_look"]))
+
+        return await self._run(op)
+
+    async def report_holds(
+        self, worker_id: str, holds: Mapping[tuple[str, str], int], *, prefetch: int, sweep: int
+    ) -> None:
+        """Replace this worker's report: its unclaimed deliveries per (lane, tenant), and what
+        one of its consumers can hold unacked (``prefetch``, and ``sweep`` more while an aging
+        sweep of that queue runs)."""
+        pairs = sorted(holds)
+        await self._execute(
+            "report_holds",
+            worker_id,
+            [p[0] for p in pairs],
+            [p[1] for p in pairs],
+            [holds[p] for p in pairs],
+            prefetch,
+            sweep,
+        )
+
+    async def list_queue_looks(self) -> list[QueueLook]:
+        """The latest look at each (lane, tenant) queue (``coldbrew stats``, the gauges)."""
+        return [QueueLook(**dict(row)) for row in await self._fetch("list_queue_looks")]
+
+    async def fail_rejected_jobs(self, rejected: Sequence[tuple[str, str, str]]) -> set[str]:
+        """Fail the waiting rows of rejected messages ``(job id, reason, detail)``; the ids failed.
+
+        Guarded in SQL: a row that is running or finished (the message was a
+        duplicate of a job that did run) is left alone.
+        """
+        if not rejected:
+            return set()
+        rows = await self._fetch(
+            "fail_rejected_jobs",
+            [r[0] for r in rejected],
+            [r[1] for r in rejected],
+            [r[2] for r in rejected],
+        )
+        return {row["id"] for row in rows}
+
+
 async def _notify_settings_changed(conn: asyncpg.Connection, channel: str) -> None:
     """NOTIFY ``tenants-changed`` (delivered when the caller's transaction commits)."""
     await conn.execute(QUERIES["notify"].text, channel, TENANTS_CHANGED)
@@ -866,3 +924,120 @@ def _waiting_args(r: ClaimRequest) -> tuple[Any, ...]:
 def _vanished(job_id: str) -> ClaimResult:
     """A claim that found no row at all: another worker's insert is still in flight."""
     return ClaimResult(job_id, False, "unknown", 0, 0, None, None, None)
+
+
+# --- reconciliation (worker/reconcile.py) -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLook:
+    """The latest look at one (lane, tenant) queue; ``ready`` None: the queue was missing."""
+
+    queue: str
+    tenant: str
+    ready: int | None
+    consumers: int | None
+    waiting: int
+    deficit: int | None
+    age_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingCount:
+    """What PostgreSQL says one (lane, tenant) queue should hold, read after the broker's count.
+
+    ``waiting``: waiting rows whose message was confirmed before this look
+    began; ``waiting_before``: those confirmed before the previous look;
+    ``top_priority``: their highest priority; ``held``: unclaimed deliveries
+    workers reported holding since that look; ``fleet_prefetch`` and
+    ``fleet_sweep``: the largest any live worker reported (None: none did).
+    """
+
+    queue: str
+    tenant: str
+    waiting: int
+    waiting_before: int
+    top_priority: int
+    held: int
+    previous_look: datetime | None
+    previous_ready: int | None
+    previous_deficit: int | None
+    previous_suspects: datetime | None = None
+    fleet_prefetch: int | None = None
+    fleet_sweep: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LookRecord:
+    """One queue's look as this pass records it (``ready`` None: the queue was missing)."""
+
+    queue: str
+    tenant: str
+    ready: int | None
+    consumers: int | None
+    waiting: int
+    deficit: int | None
+    suspects: datetime | None = None
+    """Rows confirmed up to then may be lost (the oldest ones, as many as the look found
+    missing); None: none is. The next look republishes only among them: a row that was
+    merely held by a worker has been claimed by then."""
+
+
+class ReconcilePass:
+    """The statements of one reconcile pass, on the connection that holds the lock.
+
+    ``started`` is PostgreSQL's clock when the pass took the lock, read before
+    any broker count: a row confirmed by then had its message in its queue
+    before the queue was counted. ``last_look``: the fleet's latest look (None:
+    none is kept), so that a fleet of workers looks once per interval, not
+    once each.
+    """
+
+    def __init__(
+        self, conn: asyncpg.Connection, started: datetime, last_look: datetime | None
+    ) -> None:
+        self._conn = conn
+        self.started = started
+        self.last_look = last_look
+
+    async def pairs(self) -> list[tuple[str, str]]:
+        rows = await self._conn.fetch(QUERIES["reconcile_pairs"].text)
+        return [(row["queue"], row["tenant"]) for row in rows]
+
+    async def counts(self, report_age: float) -> dict[tuple[str, str], WaitingCount]:
+        """What PostgreSQL says each queue holds; workers' reports older than ``report_age``
+        seconds do not count (the worker is gone)."""
+        rows = await self._conn.fetch(QUERIES["reconcile_counts"].text, self.started, report_age)
+        return {(row["queue"], row["tenant"]): WaitingCount(**dict(row)) for row in rows}
+
+    async def suspects(self, queue: str, tenant: str, count: int) -> datetime:
+        """When the ``count``-th oldest confirmed waiting row of the queue was confirmed."""
+        value: datetime = await self._conn.fetchval(
+            QUERIES["reconcile_suspects"].text, queue, tenant, count, self.started
+        )
+        return value
+
+    async def republish(
+        self, queue: str, tenant: str, *, confirmed_by: datetime, limit: int
+    ) -> list[str]:
+        """Make up to ``limit`` rows due for the relay, oldest confirmed first; their ids."""
+        rows = await self._conn.fetch(
+            QUERIES["reconcile_republish"].text, queue, tenant, confirmed_by, limit
+        )
+        return [row["id"] for row in rows]
+
+    async def save(self, looks: Sequence[LookRecord], *, forget_after: float) -> None:
+        """Record this pass's looks; forget looks and holding reports older than
+        ``forget_after`` seconds."""
+        await self._conn.execute(
+            QUERIES["save_queue_looks"].text,
+            [look.queue for look in looks],
+            [look.tenant for look in looks],
+            self.started,
+            [look.ready for look in looks],
+            [look.consumers for look in looks],
+            [look.waiting for look in looks],
+            [look.deficit for look in looks],
+            [look.suspects for look in looks],
+        )
+        await self._conn.execute(QUERIES["prune_queue_looks"].text, forget_after)

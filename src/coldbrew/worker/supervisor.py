@@ -33,6 +33,7 @@ from coldbrew.worker.heartbeat import Heartbeat
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.parts import Parts, Shared, open_parts
 from coldbrew.worker.reaper import Reaper
+from coldbrew.worker.reconcile import Reconciler, sweep_allowance
 from coldbrew.worker.relay import Relay
 from coldbrew.worker.service import Periodic, Service
 
@@ -152,6 +153,19 @@ class Worker:
             keep_max=settings.effective_prefetch,
             aging_seconds=settings.aging_seconds,
         )
+        reconciler = Reconciler(
+            store=store,
+            broker=broker,
+            topology=self.topology,
+            metrics=metrics,
+            worker_id=settings.worker_id,
+            reconcile_seconds=settings.reconcile_seconds,
+            prefetch=settings.effective_prefetch,
+            sweep=sweep_allowance(settings),
+            holdings=parts.intake.held_by_queue,
+            ensure=parts.tenants.ensure,
+        )
+        broker.on_queue_cancelled = reconciler.queue_cancelled
         return [
             Relay(store, broker, metrics, interval=settings.relay_interval_seconds),
             Reaper(store, broker, metrics, interval=settings.reaper_interval_seconds),
@@ -179,6 +193,7 @@ class Worker:
                 full_batch=1,
             ),
             parts.tenants,
+            reconciler,
         ]
 
     def _shared(self) -> Shared:
