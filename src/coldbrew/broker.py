@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -63,6 +63,10 @@ class Sweep:
     def drained(self) -> bool:
         """Whether it took every message that was ready when it began."""
         return len(self.messages) >= self.ready
+
+
+INSPECT_TIMEOUT = 5.0
+"""Seconds a passive declare (``Broker.queue_counts``) may take, reconnecting included."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +394,7 @@ class Broker:
         limit: int,
         quiet_seconds: float = 0.2,
         max_seconds: float = 2.0,
+        on_start: Callable[[int], Awaitable[None]] | None = None,
     ) -> Sweep:
         """Take up to ``limit`` of a queue's ready messages at once, past its priority order.
 
@@ -412,6 +417,8 @@ class Broker:
         if ready == 0:
             return Sweep(0, [])
         want = min(ready, limit)
+        if on_start is not None:  # told how many it may take, before it takes any
+            await on_start(want)
         await channel.set_qos(prefetch_count=want)
         loop = asyncio.get_running_loop()
         taken: list[Inbound] = []
@@ -464,12 +471,13 @@ class Broker:
         if self._connection is None:
             raise BrokerUnavailable("broker used before connect()")
         try:
-            channel = self._inspect_channel
-            if channel is None or channel.is_closed:
-                channel = self._inspect_channel = await self._connection.channel(
-                    publisher_confirms=False
-                )
-            queue = await channel.declare_queue(queue_name, passive=True, robust=False)
+            async with asyncio.timeout(INSPECT_TIMEOUT):  # an outage is not waited out here
+                channel = self._inspect_channel
+                if channel is None or channel.is_closed:
+                    channel = self._inspect_channel = await self._connection.channel(
+                        publisher_confirms=False
+                    )
+                queue = await channel.declare_queue(queue_name, passive=True, robust=False)
         except aiormq.exceptions.ChannelNotFoundEntity:
             self._inspect_channel = None
             return None

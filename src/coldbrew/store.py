@@ -814,11 +814,11 @@ class JobStore:
         return await self._run(op)
 
     async def report_holds(
-        self, worker_id: str, holds: Mapping[tuple[str, str], int], *, prefetch: int, sweep: int
+        self, worker_id: str, holds: Mapping[tuple[str, str], int], *, prefetch: int, keep: int
     ) -> None:
         """Replace this worker's report: its unclaimed deliveries per (lane, tenant), and what
-        one of its consumers can hold unacked (``prefetch``, and ``sweep`` more while an aging
-        sweep of that queue runs)."""
+        one of its consumers can hold unacked (``prefetch``, and up to ``keep`` more that an
+        aging sweep of that queue kept)."""
         pairs = sorted(holds)
         await self._execute(
             "report_holds",
@@ -827,8 +827,15 @@ class JobStore:
             [p[1] for p in pairs],
             [holds[p] for p in pairs],
             prefetch,
-            sweep,
+            keep,
         )
+
+    async def record_sweep(
+        self, worker_id: str, queue: str, tenant: str, taking: int, *, window: float
+    ) -> None:
+        """An aging sweep of the queue begins and may take ``taking`` ready messages at once
+        (the record keeps the largest of the last ``window`` seconds)."""
+        await self._execute("record_sweep", worker_id, queue, tenant, taking, window)
 
     async def list_queue_looks(self) -> list[QueueLook]:
         """The latest look at each (lane, tenant) queue (``coldbrew stats``, the gauges)."""
@@ -949,8 +956,9 @@ class WaitingCount:
     ``waiting``: waiting rows whose message was confirmed before this look
     began; ``waiting_before``: those confirmed before the previous look;
     ``top_priority``: their highest priority; ``held``: unclaimed deliveries
-    workers reported holding since that look; ``fleet_prefetch`` and
-    ``fleet_sweep``: the largest any live worker reported (None: none did).
+    workers reported holding since that look; ``sweeping``: what aging sweeps
+    begun about then may hold; ``fleet_prefetch`` and ``fleet_keep``: the
+    largest any live worker reported (None: none did).
     """
 
     queue: str
@@ -963,8 +971,9 @@ class WaitingCount:
     previous_ready: int | None
     previous_deficit: int | None
     previous_suspects: datetime | None = None
+    sweeping: int = 0
     fleet_prefetch: int | None = None
-    fleet_sweep: int | None = None
+    fleet_keep: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1004,10 +1013,15 @@ class ReconcilePass:
         rows = await self._conn.fetch(QUERIES["reconcile_pairs"].text)
         return [(row["queue"], row["tenant"]) for row in rows]
 
-    async def counts(self, report_age: float) -> dict[tuple[str, str], WaitingCount]:
+    async def counts(
+        self, *, report_age: float, sweep_seconds: float
+    ) -> dict[tuple[str, str], WaitingCount]:
         """What PostgreSQL says each queue holds; workers' reports older than ``report_age``
-        seconds do not count (the worker is gone)."""
-        rows = await self._conn.fetch(QUERIES["reconcile_counts"].text, self.started, report_age)
+        seconds do not count (the worker is gone), nor sweeps begun ``sweep_seconds`` before
+        the previous look (they ended before it)."""
+        rows = await self._conn.fetch(
+            QUERIES["reconcile_counts"].text, self.started, report_age, sweep_seconds
+        )
         return {(row["queue"], row["tenant"]): WaitingCount(**dict(row)) for row in rows}
 
     async def suspects(self, queue: str, tenant: str, count: int) -> datetime:

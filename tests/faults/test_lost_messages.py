@@ -170,6 +170,41 @@ def reconciling(settings: Settings, seconds: float, **overrides: Any) -> Setting
     return make_settings(settings.namespace, reconcile_seconds=seconds, **overrides)
 
 
+async def publish_backlog(
+    settings: Settings, db: asyncpg.Connection, priorities: list[int], seconds: float = 0.003
+) -> list[str]:
+    """Confirmed `nap` jobs, one per priority given, submitted as `Client.submit` does (row
+    with a publish mark, publish with a confirm, mark cleared), in bulk."""
+    ids = [f"backlog-{i}" for i in range(len(priorities))]
+    await db.execute(
+        "INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, publish_after)"
+        " SELECT id, 'nap', 'default', 'default', jsonb_build_object('seconds', $3::float8),"
+        "        priority, 5, now() + interval '1 hour'"
+        " FROM unnest($1::text[], $2::int2[]) AS u(id, priority)",
+        ids,
+        priorities,
+        seconds,
+    )
+    broker = Broker(AMQP_URL, Topology(settings.namespace))
+    await broker.connect()
+    try:
+        await broker.declare_job_queue("default", "default")
+        confirmed = await broker.publish_jobs(
+            [
+                JobMessage(i, "nap", "default", "default", {"seconds": seconds}, priority=p)
+                for i, p in zip(ids, priorities, strict=True)
+            ],
+            window=512,
+        )
+    finally:
+        await broker.close()
+    assert all(confirmed)
+    await db.execute(  # what Client.submit does once the broker confirmed (mark_published)
+        "UPDATE jobs SET publish_after = NULL, published_at = now() WHERE id = ANY($1)", ids
+    )
+    return ids
+
+
 async def test_a_purged_queue_is_published_again(
     settings: Settings, workers: Workers, db: asyncpg.Connection, channel: Any
 ) -> None:
@@ -289,30 +324,9 @@ async def test_c_a_slow_backlog_is_never_republished(
     reconcile = 1.5
     fleet_settings = reconciling(settings, reconcile, concurrency=1)
     count = 20_000
-    ids = [f"backlog-{i}" for i in range(count)]
-    await db.execute(
-        "INSERT INTO jobs (id, type, queue, tenant, args, max_attempts, publish_after)"
-        " SELECT id, 'nap', 'default', 'default', '{\"seconds\": 0.003}', 5,"
-        "        now() + interval '1 hour' FROM unnest($1::text[]) AS id",
-        ids,
-    )
-    broker = Broker(AMQP_URL, Topology(settings.namespace))
-    await broker.connect()
-    try:
-        await broker.declare_job_queue("default", "default")
-        published = time.monotonic()
-        confirmed = await broker.publish_jobs(
-            [JobMessage(i, "nap", "default", "default", {"seconds": 0.003}) for i in ids],
-            window=512,
-        )
-        publish_seconds = time.monotonic() - published
-    finally:
-        await broker.close()
-    assert all(confirmed)
-    # what Client.submit does after the confirm (mark_published)
-    await db.execute(
-        "UPDATE jobs SET publish_after = NULL, published_at = now() WHERE id = ANY($1)", ids
-    )
+    published = time.monotonic()
+    ids = await publish_backlog(settings, db, [0] * count)
+    publish_seconds = time.monotonic() - published
 
     procs = [workers.start(fleet_settings), workers.start(fleet_settings)]
     await workers.ready(*procs)
@@ -341,6 +355,40 @@ async def test_c_a_slow_backlog_is_never_republished(
     assert republished == 0
     assert marked == 0
     assert duplicates == 0
+
+
+async def test_c3_aging_sweeps_of_a_priority_backlog_are_not_losses(
+    settings: Settings, workers: Workers, db: asyncpg.Connection
+) -> None:
+    """A priority-9 backlog in front of priority-0 jobs, swept every second by two workers'
+    aging sweeps (each takes up to 5,000 ready messages for a moment), looked at every
+    0.5 s: zero republishes."""
+    fleet_settings = reconciling(
+        settings, 1.5, concurrency=2, aging_seconds=2.0, aging_sweep_limit=5000
+    )
+    ids = await publish_backlog(settings, db, [9] * 6000 + [0] * 1000)
+    procs = [workers.start(fleet_settings), workers.start(fleet_settings)]
+    await workers.ready(*procs)
+    watched = 15.0
+    await asyncio.sleep(watched)
+    republished = sum(
+        workers.metric("coldbrew_reconcile_republished_total", rule=rule)
+        for rule in ("count", "idle")
+    )
+    sweeps = sum(
+        workers.metric("coldbrew_aging_sweeps_total", result=result)
+        for result in ("kept", "none_held_back", "empty")
+    )
+    swept = workers.metric("coldbrew_aging_swept_total", fate="returned")
+    passes = workers.metric("coldbrew_reconcile_passes_total", result="reconciled")
+    done = (await statuses(db, ids)).get("succeeded", 0)
+    print(
+        f"\nsweeps: {sweeps:g} aging sweeps returned {swept:g} messages while {passes:g} "
+        f"reconcile passes looked; {done} of {len(ids)} ran in {watched:g} s; republished "
+        f"{republished:g}"
+    )
+    assert sweeps >= 5 and swept >= 10_000, "the sweeps really took messages from the queue"
+    assert republished == 0
 
 
 async def test_c2_a_drained_tail_is_not_republished(

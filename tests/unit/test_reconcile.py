@@ -14,7 +14,7 @@ from coldbrew.topology import Topology
 from coldbrew.worker.reconcile import Bounds, judge, per_consumer
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
-BOUNDS = Bounds(prefetch=8, sweep=1008, min_gap=10.0, max_age=60.0)
+BOUNDS = Bounds(prefetch=8, keep=8, min_gap=10.0, max_age=60.0)
 
 
 def waiting(
@@ -28,6 +28,7 @@ def waiting(
     top_priority: int = 0,
     fleet_prefetch: int | None = None,
     suspects_age: float | None = 25.0,
+    sweeping: int = 0,
 ) -> WaitingCount:
     """A queue's counts; by default its previous look was 20 s ago and suspected rows
     confirmed up to 25 s ago."""
@@ -42,6 +43,7 @@ def waiting(
         previous_ready=previous_ready,
         previous_deficit=previous_deficit,
         previous_suspects=None if suspects_age is None else NOW - timedelta(seconds=suspects_age),
+        sweeping=sweeping,
         fleet_prefetch=fleet_prefetch,
     )
 
@@ -125,25 +127,30 @@ def test_a_queue_without_confirmed_rows_has_nothing_missing() -> None:
 
 
 def test_the_republish_is_bounded_per_pass() -> None:
-    bounds = Bounds(prefetch=8, sweep=0, min_gap=1.0, max_age=60.0, limit=1000)
+    bounds = Bounds(prefetch=8, keep=0, min_gap=1.0, max_age=60.0, limit=1000)
     counts = QueueCounts(ready=0, consumers=1)
     verdict = judge(counts, waiting(50_000), started=NOW, bounds=bounds)
     assert verdict.republish == 1000
 
 
-def test_the_bound_is_the_fleets_largest_prefetch_and_sweeps_only_count_with_priorities() -> None:
+def test_the_bound_is_the_fleets_largest_prefetch_and_kept_sweeps_count_with_priorities() -> None:
     assert per_consumer(waiting(1), BOUNDS) == 8
     assert per_consumer(waiting(1, fleet_prefetch=64), BOUNDS) == 64
-    assert per_consumer(waiting(1, top_priority=3), BOUNDS) == 8 + 1008
-    # a sweep's taken messages, on a priority queue, never look lost
-    counts = QueueCounts(ready=19_000, consumers=3)  # two workers and one sweep consumer
-    verdict = judge(
-        counts,
-        waiting(20_000, top_priority=9, previous_ready=19_000, previous_deficit=10),
-        started=NOW,
-        bounds=BOUNDS,
+    assert per_consumer(waiting(1, top_priority=3), BOUNDS) == 8 + 8
+
+
+def test_what_a_running_sweep_took_is_not_lost() -> None:
+    """A look during an aging sweep: 1,000 ready messages are on the sweep's channel."""
+    counts = QueueCounts(ready=19_000, consumers=3)  # two workers and the sweep's consumer
+    during = waiting(
+        20_000, top_priority=9, previous_ready=19_000, previous_deficit=10, sweeping=1_000
     )
+    verdict = judge(counts, during, started=NOW, bounds=BOUNDS)
     assert verdict.deficit is not None and verdict.deficit <= 0 and verdict.republish == 0
+    # a sweep that took a small queue's every message: empty at both looks, nothing lost
+    emptied = QueueCounts(ready=0, consumers=3)
+    verdict = judge(emptied, waiting(300, held=16, sweeping=300), started=NOW, bounds=BOUNDS)
+    assert verdict.republish == 0 and verdict.suspects == 0
 
 
 def test_job_queue_names_parse_back_to_their_pair() -> None:

@@ -461,7 +461,7 @@ UNION
 (SELECT DISTINCT ON (queue) queue, tenant FROM tenant_queues ORDER BY queue, tenant);
 
 -- name: reconcile_counts
--- Per (lane, tenant), read after the broker's counts: the waiting rows whose message was confirmed by $1 (this look's start) and by the previous look, their highest priority, the deliveries workers reported holding unclaimed since the previous look (without one: in the last $2 seconds), that look, and the largest prefetch and sweep any worker reported in the last $2 seconds ($1 this look's start, $2 seconds)
+-- Per (lane, tenant), read after the broker's counts: the waiting rows whose message was confirmed by $1 (this look's start) and by the previous look, their highest priority, the deliveries workers reported holding unclaimed since the previous look (without one: in the last $2 seconds), the messages aging sweeps begun since $3 seconds before that look (or this one) may hold, that look, and the largest prefetch and keep any worker reported in the last $2 seconds ($1 this look's start, $2 seconds, $3 seconds)
 WITH waiting AS (
     SELECT j.queue, j.tenant,
            count(*) FILTER (WHERE j.published_at <= $1::timestamptz) AS waiting,
@@ -481,10 +481,15 @@ SELECT w.queue, w.tenant, w.waiting, w.waiting_before, w.top_priority,
                    AND h.reported_at >= coalesce(l.looked_at,
                                                  now() - make_interval(secs => $2))),
                 0)::int8 AS held,
+       coalesce((SELECT sum(s.taking) FROM queue_sweeps AS s
+                 WHERE s.queue = w.queue AND s.tenant = w.tenant
+                   AND s.started_at >= coalesce(l.looked_at, $1::timestamptz)
+                                       - make_interval(secs => $3)),
+                0)::int8 AS sweeping,
        (SELECT max(r.prefetch) FROM reconcile_workers AS r
         WHERE r.reported_at >= now() - make_interval(secs => $2)) AS fleet_prefetch,
-       (SELECT max(r.sweep) FROM reconcile_workers AS r
-        WHERE r.reported_at >= now() - make_interval(secs => $2)) AS fleet_sweep
+       (SELECT max(r.keep) FROM reconcile_workers AS r
+        WHERE r.reported_at >= now() - make_interval(secs => $2)) AS fleet_keep
 FROM waiting AS w
 LEFT JOIN queue_looks AS l ON l.queue = w.queue AND l.tenant = w.tenant;
 
@@ -535,6 +540,9 @@ WITH holds AS (
 ),
 workers AS (
     DELETE FROM reconcile_workers WHERE reported_at < now() - make_interval(secs => $1)
+),
+sweeps AS (
+    DELETE FROM queue_sweeps WHERE started_at < now() - make_interval(secs => $1)
 )
 DELETE FROM queue_looks WHERE looked_at < now() - make_interval(secs => $1);
 
@@ -546,12 +554,12 @@ FROM queue_looks
 ORDER BY queue, tenant;
 
 -- name: report_holds
--- Replace this worker's report: the deliveries it holds unclaimed per (lane, tenant), and what one of its consumers can hold unacked ($1 worker id, $2 queues, $3 tenants, $4 counts, $5 prefetch, $6 sweep)
+-- Replace this worker's report: the deliveries it holds unclaimed per (lane, tenant), and what one of its consumers can hold unacked ($1 worker id, $2 queues, $3 tenants, $4 counts, $5 prefetch, $6 keep)
 WITH worker AS (
-    INSERT INTO reconcile_workers AS r (worker_id, prefetch, sweep, reported_at)
+    INSERT INTO reconcile_workers AS r (worker_id, prefetch, keep, reported_at)
     VALUES ($1, $5, $6, now())
     ON CONFLICT (worker_id) DO UPDATE
-    SET prefetch = excluded.prefetch, sweep = excluded.sweep, reported_at = excluded.reported_at
+    SET prefetch = excluded.prefetch, keep = excluded.keep, reported_at = excluded.reported_at
 ),
 gone AS (
     DELETE FROM queue_holds AS h
@@ -564,6 +572,16 @@ SELECT $1, u.queue, u.tenant, u.held, now()
 FROM unnest($2::text[], $3::text[], $4::int4[]) AS u(queue, tenant, held)
 ON CONFLICT (worker_id, queue, tenant) DO UPDATE
 SET held = excluded.held, reported_at = excluded.reported_at;
+
+-- name: record_sweep
+-- An aging sweep of one (lane, tenant) queue begins and may take up to $4 of its ready messages for a moment; committed before it takes any. The row keeps the largest taking of this worker's sweeps of the queue in the last $5 seconds, which a look overlapping any of them subtracts ($1 worker id, $2 queue, $3 tenant, $4 taking, $5 seconds)
+INSERT INTO queue_sweeps AS s (worker_id, queue, tenant, started_at, taking)
+VALUES ($1, $2, $3, now(), $4)
+ON CONFLICT (worker_id, queue, tenant) DO UPDATE
+SET started_at = excluded.started_at,
+    taking = CASE WHEN s.started_at >= now() - make_interval(secs => $5)
+                  THEN greatest(s.taking, excluded.taking)
+                  ELSE excluded.taking END;
 
 -- name: fail_rejected_jobs
 -- Rejected messages whose job has a row still waiting (unclaimed): the row fails with the rejection's reason and counts as finished for the drain rate; returns the rows failed ($1 ids, $2 reasons, $3 details)

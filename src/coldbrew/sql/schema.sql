@@ -117,6 +117,15 @@ CREATE TABLE queue_holds (
 CREATE TABLE reconcile_workers (
     worker_id    text PRIMARY KEY,
     prefetch     integer NOT NULL CHECK (prefetch >= 0),
-    sweep        integer NOT NULL CHECK (sweep >= 0),
+    keep         integer NOT NULL CHECK (keep >= 0),
     reported_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE queue_sweeps (
+    worker_id   text NOT NULL,
+    queue       text NOT NULL,
+    tenant      text NOT NULL,
+    started_at  timestamptz NOT NULL DEFAULT now(),
+    taking      integer NOT NULL CHECK (taking >= 0),
+    PRIMARY KEY (worker_id, queue, tenant)
 );

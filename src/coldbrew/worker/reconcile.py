@@ -23,19 +23,22 @@ waits again after that has a new publish mark or a later ``published_at``).
 Unacked deliveries are at most ``C`` x the largest prefetch any worker reported
 (RabbitMQ enforces the prefetch per consumer), plus, for a queue whose rows
 have a priority above 0 (the only ones an aging sweep ever takes from), what
-a sweep takes and keeps. So ``E - M - C x bound`` is a lower bound of the
-messages lost, and with nothing lost it is never positive, however long the
-backlog. Two rules act on it, and only on rows confirmed before the
-*previous* look (at least half a pass earlier):
+a sweep kept, plus what the aging sweeps begun around the look may take
+(each records that in ``queue_sweeps`` before it takes anything). So
+``E - M - unacked bound`` is a lower bound of the messages lost, and with
+nothing lost it is never positive, however long the backlog. Two rules act
+on it, and only on rows confirmed before the *previous* look (at least half
+a pass earlier):
 
 - **count**: that bound was positive at this look and at the previous one
-  (a passing sweep or a draining worker's deliveries do not persist): make
+  (a draining worker's deliveries, handed back, do not persist): make
   that many rows due, those confirmed longest ago first (a lost queue lost
   its oldest messages: everything published before the loss).
 - **idle**: the queue had no ready message at either look. Then every row
   confirmed before the previous look and still waiting is held unclaimed by
   a worker (in its scheduler: no free slot, a paused tenant, a full cap) or
-  lost; each worker reports what it holds per queue every third of a pass
+  lost (or, for a moment, taken by an aging sweep: subtracted as above);
+  each worker reports what it holds per queue every third of a pass
   (``queue_holds``, with its prefetch in ``reconcile_workers``), and the held
   set of such rows can only shrink between the looks, so ``E_before - held``
   is again a lower bound of the loss. This finds a loss smaller than the
@@ -69,7 +72,6 @@ import structlog
 
 from coldbrew.broker import Broker, QueueCounts
 from coldbrew.metrics import Metrics
-from coldbrew.settings import Settings
 from coldbrew.stats import lane_consumers
 from coldbrew.store import JobStore, LookRecord, QueueLook, ReconcilePass, WaitingCount
 from coldbrew.topology import Topology
@@ -83,6 +85,8 @@ Holdings = Callable[[], dict[Pair, int]]
 
 BATCH = 10_000
 """Rows one pass makes due per queue at most (the relay publishes them in batches of 500)."""
+SWEEP_SECONDS = 10.0
+"""Longer than any aging sweep holds what it took (``Broker.sweep_queue``: 2 s, then requeues)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +95,8 @@ class Bounds:
 
     prefetch: int
     """Unacked deliveries one consumer of this worker can hold (its prefetch)."""
-    sweep: int
-    """...and how many more while an aging sweep of that queue runs (0: sweeps are off)."""
+    keep: int
+    """...and how many more an aging sweep of that queue may have kept (0: sweeps are off)."""
     min_gap: float
     """The previous look must be at least this old (seconds): holding reports came between."""
     max_age: float
@@ -125,8 +129,9 @@ def judge(
         return Verdict(None)
     if waiting is None:
         return Verdict(-counts.ready)
-    deficit = waiting.waiting - counts.ready - counts.consumers * per_consumer(waiting, bounds)
-    unheld = waiting.waiting - waiting.held if counts.ready == 0 else 0
+    unacked = counts.consumers * per_consumer(waiting, bounds) + waiting.sweeping
+    deficit = waiting.waiting - counts.ready - unacked
+    unheld = waiting.waiting - waiting.held - waiting.sweeping if counts.ready == 0 else 0
     suspects = min(max(deficit, unheld, 0), bounds.limit)
     if waiting.previous_look is None or waiting.previous_ready is None:
         return Verdict(deficit, suspects=suspects)
@@ -135,7 +140,7 @@ def judge(
         return Verdict(deficit, suspects=suspects)
     confirmed_by = min(waiting.previous_look, waiting.previous_suspects)
     if counts.ready == 0 and waiting.previous_ready == 0:
-        lost = waiting.waiting_before - waiting.held
+        lost = waiting.waiting_before - waiting.held - waiting.sweeping
         if lost > 0:
             return Verdict(deficit, min(lost, bounds.limit), "idle", suspects, confirmed_by)
     previous = waiting.previous_deficit
@@ -148,26 +153,17 @@ def judge(
 def per_consumer(waiting: WaitingCount, bounds: Bounds) -> int:
     """Unacked deliveries one consumer of the queue can hold, the largest in the fleet.
 
-    RabbitMQ enforces the prefetch per consumer. An aging sweep takes up to
-    its limit of ready messages for a moment and keeps up to a prefetch more;
-    it only ever runs on a queue whose messages have a priority above 0 (a
-    queue of priority-0 messages clears every level with each delivery,
-    aging.py), so that allowance is only made for such a queue. A sweep's
-    consumer is one more consumer of the queue while it runs, and a worker
-    sweeps one queue at a time: each consumer gets the allowance.
+    RabbitMQ enforces the prefetch per consumer. What an aging sweep kept
+    (up to a prefetch) is held beyond it; sweeps only ever run on a queue
+    whose messages have a priority above 0 (a queue of priority-0 messages
+    clears every level with each delivery, aging.py), so that allowance is
+    only made for such a queue. What a sweep takes for its moment is
+    recorded as it begins (``WaitingCount.sweeping``).
     """
     prefetch = max(bounds.prefetch, waiting.fleet_prefetch or 0)
     if waiting.top_priority <= 0:
         return prefetch
-    return prefetch + max(bounds.sweep, waiting.fleet_sweep or 0)
-
-
-def sweep_allowance(settings: Settings) -> int:
-    """What one of this worker's aging sweeps can hold unacked beyond its consumer's prefetch:
-    the messages it takes at once, and those it keeps (up to a prefetch) after."""
-    if settings.aging_sweep_limit == 0:
-        return 0
-    return settings.aging_sweep_limit + settings.effective_prefetch
+    return prefetch + max(bounds.keep, waiting.fleet_keep or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +191,7 @@ class Reconciler:
         worker_id: str,
         reconcile_seconds: float,
         prefetch: int,
-        sweep: int,
+        keep: int,
         holdings: Holdings,
         ensure: Ensure,
     ) -> None:
@@ -207,7 +203,7 @@ class Reconciler:
         self.interval = reconcile_seconds / 3
         self.report_interval = self.interval / 3
         self.bounds = Bounds(
-            prefetch=prefetch, sweep=sweep, min_gap=self.interval / 2, max_age=self.interval * 3
+            prefetch=prefetch, keep=keep, min_gap=self.interval / 2, max_age=self.interval * 3
         )
         self.holdings = holdings
         self.ensure = ensure
@@ -282,7 +278,14 @@ class Reconciler:
             self.worker_id,
             self.holdings() if holds is None else holds,
             prefetch=self.bounds.prefetch,
-            sweep=self.bounds.sweep,
+            keep=self.bounds.keep,
+        )
+
+    async def sweep_starting(self, queue: str, tenant: str, taking: int) -> None:
+        """An aging sweep here is about to take up to ``taking`` ready messages of the queue
+        for a moment: recorded first, so no look counts them lost (``QueueSweeper.on_sweep``)."""
+        await self.store.record_sweep(
+            self.worker_id, queue, tenant, taking, window=SWEEP_SECONDS + self.bounds.max_age
         )
 
     async def _clear_report(self) -> None:
@@ -320,7 +323,8 @@ class Reconciler:
         measured: dict[Pair, QueueCounts | None] = {}
         for pair in pairs:
             measured[pair] = await self.broker.queue_counts(self.topology.job_queue(*pair))
-        counts = await tx.counts(self.bounds.max_age)  # after the broker's: see the module doc
+        # after the broker's counts: see the module doc
+        counts = await tx.counts(report_age=self.bounds.max_age, sweep_seconds=SWEEP_SECONDS)
         records: list[LookRecord] = []
         republished: dict[str, int] = {}
         for pair, found in measured.items():

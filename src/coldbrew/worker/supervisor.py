@@ -33,7 +33,7 @@ from coldbrew.worker.heartbeat import Heartbeat
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.parts import Parts, Shared, open_parts
 from coldbrew.worker.reaper import Reaper
-from coldbrew.worker.reconcile import Reconciler, sweep_allowance
+from coldbrew.worker.reconcile import Reconciler
 from coldbrew.worker.relay import Relay
 from coldbrew.worker.service import Periodic, Service
 
@@ -141,6 +141,19 @@ class Worker:
         """Every background loop of this worker, each a file of this package."""
         settings, parts = self.settings, self.parts
         store, broker, metrics = parts.store, parts.broker, self.metrics
+        reconciler = Reconciler(
+            store=store,
+            broker=broker,
+            topology=self.topology,
+            metrics=metrics,
+            worker_id=settings.worker_id,
+            reconcile_seconds=settings.reconcile_seconds,
+            prefetch=settings.effective_prefetch,
+            keep=settings.effective_prefetch if settings.aging_sweep_limit else 0,
+            holdings=parts.intake.held_by_queue,
+            ensure=parts.tenants.ensure,
+        )
+        broker.on_queue_cancelled = reconciler.queue_cancelled
         sweeper = QueueSweeper(
             watch=self.starvation,
             broker=broker,
@@ -152,20 +165,8 @@ class Worker:
             limit=settings.aging_sweep_limit,
             keep_max=settings.effective_prefetch,
             aging_seconds=settings.aging_seconds,
+            on_sweep=reconciler.sweep_starting,
         )
-        reconciler = Reconciler(
-            store=store,
-            broker=broker,
-            topology=self.topology,
-            metrics=metrics,
-            worker_id=settings.worker_id,
-            reconcile_seconds=settings.reconcile_seconds,
-            prefetch=settings.effective_prefetch,
-            sweep=sweep_allowance(settings),
-            holdings=parts.intake.held_by_queue,
-            ensure=parts.tenants.ensure,
-        )
-        broker.on_queue_cancelled = reconciler.queue_cancelled
         return [
             Relay(store, broker, metrics, interval=settings.relay_interval_seconds),
             Reaper(store, broker, metrics, interval=settings.reaper_interval_seconds),

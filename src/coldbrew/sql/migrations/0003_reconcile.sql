@@ -45,11 +45,23 @@ CREATE TABLE queue_holds (
 );
 
 -- What each worker's consumers can hold unacked per tenant queue (its prefetch,
--- and what its aging sweeps may take), reported with its holdings: a look
+-- and what one of its aging sweeps keeps), reported with its holdings: a look
 -- bounds a queue's unacked deliveries with the largest of the fleet.
 CREATE TABLE reconcile_workers (
     worker_id    text PRIMARY KEY,
     prefetch     integer NOT NULL CHECK (prefetch >= 0),
-    sweep        integer NOT NULL CHECK (sweep >= 0),
+    keep         integer NOT NULL CHECK (keep >= 0),
     reported_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- Aging sweeps (worker/aging_sweep.py), recorded as each begins: for a moment
+-- a sweep holds up to ``taking`` of the queue's ready messages unacked, and a
+-- look overlapping one must not count them lost.
+CREATE TABLE queue_sweeps (
+    worker_id   text NOT NULL,
+    queue       text NOT NULL,
+    tenant      text NOT NULL,
+    started_at  timestamptz NOT NULL DEFAULT now(),
+    taking      integer NOT NULL CHECK (taking >= 0),
+    PRIMARY KEY (worker_id, queue, tenant)
 );
