@@ -271,6 +271,14 @@ class Broker:
         )
         await dead_queue.bind(self._dead_exchange, routing_key="#")
 
+    async def redeclare_topology(self) -> None:
+        """Declare the exchanges and the unrouted and dead queues again, with their bindings
+        (after the broker deleted one: a queue aio-pika restores by itself has no binding)."""
+        try:
+            await self._declare_fixed()
+        except PUBLISH_ERRORS as exc:
+            raise BrokerUnavailable(f"declaring the topology: {exc or type(exc).__name__}") from exc
+
     async def declare_job_queue(self, queue: str, tenant: str) -> None:
         """Declare and bind the queue of one lane and tenant (idempotent)."""
         channel = self._channel()

@@ -316,6 +316,29 @@ async def test_b_a_queue_deleted_under_running_workers(
     assert duplicates <= 2 * fleet_settings.effective_prefetch, "wrong picks stay bounded"
 
 
+async def test_b2_a_deleted_unrouted_queue_is_bound_again(
+    settings: Settings, workers: Workers, channel: Any, stack: AsyncExitStack
+) -> None:
+    """`<ns>.unrouted` deleted under a worker (reconciliation too slow to help): it is bound
+    again at once, so a new tenant's first job still reaches a worker."""
+    fleet_settings = reconciling(settings, 600.0)
+    proc = workers.start(fleet_settings)
+    await workers.ready(proc)
+    # connected before the delete: a connecting client declares the topology itself
+    client = await stack.enter_async_context(Client.connect(fleet_settings))
+    deleted = time.monotonic()
+    await channel.queue_delete(Topology(settings.namespace).unrouted_queue)
+    while workers.metric("coldbrew_queues_redeclared_total", cause="cancelled") < 1:
+        assert time.monotonic() - deleted < 10, "the topology was declared again"
+        await asyncio.sleep(0.05)
+    back = time.monotonic() - deleted
+    await asyncio.sleep(1.0)  # aio-pika restores the consumer (its reconnect interval)
+    job = await client.submit("echo", {"value": 1}, tenant="brand-new")
+    done = await client.wait(job.id, timeout=15)
+    print(f"\nunrouted: bound again {back:.2f} s after the delete; new tenant's job {done.status}")
+    assert done.status == "succeeded"
+
+
 async def test_c_a_slow_backlog_is_never_republished(
     settings: Settings, workers: Workers, db: asyncpg.Connection
 ) -> None:

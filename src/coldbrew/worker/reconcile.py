@@ -208,6 +208,7 @@ class Reconciler:
         self.holdings = holdings
         self.ensure = ensure
         self._cancelled: set[Pair] = set()
+        self._topology_lost = False
         self._wake = asyncio.Event()
         self._lanes_shown: set[str] = set()
 
@@ -216,9 +217,13 @@ class Reconciler:
     def queue_cancelled(self, queue_name: str) -> None:
         """The broker cancelled our consumer of ``queue_name`` (deleted): declare it again and
         look at once (``Broker.on_queue_cancelled``)."""
+        if queue_name == self.topology.unrouted_queue:
+            self._topology_lost = True  # unbound, new tenants' messages would be dropped
+            self._wake.set()
+            return
         pair = self.topology.job_queue_pair(queue_name)
         if pair is None:
-            return  # <ns>.unrouted: aio-pika re-declares it, and it has no rows
+            return
         self._cancelled.add(pair)
         self._wake.set()
 
@@ -261,6 +266,11 @@ class Reconciler:
                 waiting.cancel()
 
     async def _redeclare_cancelled(self) -> None:
+        if self._topology_lost:
+            await self.broker.redeclare_topology()
+            self._topology_lost = False
+            self.metrics.queues_redeclared.labels("cancelled").inc()
+            log.warning("topology_redeclared", queue=self.topology.unrouted_queue)
         while self._cancelled:
             pair = next(iter(self._cancelled))
             await self._redeclare(pair, "cancelled")
