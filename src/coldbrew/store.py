@@ -990,6 +990,8 @@ class LookRecord:
     """Rows confirmed up to then may be lost (the oldest ones, as many as the look found
     missing); None: none is. The next look republishes only among them: a row that was
     merely held by a worker has been claimed by then."""
+    counted_at: datetime | None = None
+    """Just after the broker counted the queue: holding reports made since then cover it."""
 
 
 class ReconcilePass:
@@ -1053,5 +1055,6 @@ class ReconcilePass:
             [look.waiting for look in looks],
             [look.deficit for look in looks],
             [look.suspects for look in looks],
+            [look.counted_at for look in looks],
         )
         await self._conn.execute(QUERIES["prune_queue_looks"].text, forget_after)

@@ -414,6 +414,32 @@ async def test_c3_aging_sweeps_of_a_priority_backlog_are_not_losses(
     assert republished == 0
 
 
+async def test_c4_deliveries_held_by_saturated_workers_are_not_losses(
+    settings: Settings, workers: Workers, db: asyncpg.Connection
+) -> None:
+    """Long jobs: every slot busy, the queue empty, deliveries held unclaimed for seconds in
+    the workers' schedulers across many looks: the holding reports keep them from being
+    counted lost (zero republishes)."""
+    fleet_settings = reconciling(settings, 1.5, concurrency=2)
+    procs = [workers.start(fleet_settings), workers.start(fleet_settings)]
+    await workers.ready(*procs)
+    async with Client.connect(fleet_settings) as client:
+        jobs = [client.submit("nap", {"seconds": 2.5}) for _ in range(20)]
+        ids = [job.id for job in await asyncio.gather(*jobs)]
+    took = await wait_terminal(db, ids, timeout=60)
+    republished = sum(
+        workers.metric("coldbrew_reconcile_republished_total", rule=rule)
+        for rule in ("count", "idle")
+    )
+    passes = workers.metric("coldbrew_reconcile_passes_total", result="reconciled")
+    print(
+        f"\nheld: 20 jobs of 2.5 s on 4 slots, up to 8 held unclaimed, done in {took:.1f} s; "
+        f"{passes:g} passes; republished {republished:g}"
+    )
+    assert (await statuses(db, ids)) == {"succeeded": 20}
+    assert republished == 0
+
+
 async def test_c2_a_drained_tail_is_not_republished(
     settings: Settings, workers: Workers, db: asyncpg.Connection
 ) -> None:

@@ -461,7 +461,7 @@ UNION
 (SELECT DISTINCT ON (queue) queue, tenant FROM tenant_queues ORDER BY queue, tenant);
 
 -- name: reconcile_counts
--- Per (lane, tenant), read after the broker's counts: the waiting rows whose message was confirmed by $1 (this look's start) and by the previous look, their highest priority, the deliveries workers reported holding unclaimed since the previous look (without one: in the last $2 seconds), the messages aging sweeps begun since $3 seconds before that look (or this one) may hold, that look, and the largest prefetch and keep any worker reported in the last $2 seconds ($1 this look's start, $2 seconds, $3 seconds)
+-- Per (lane, tenant), read after the broker's counts: the waiting rows whose message was confirmed by $1 (this look's start) and by the previous look, their highest priority, the deliveries workers reported holding unclaimed since the previous look counted the queue (without one: in the last $2 seconds), the messages aging sweeps begun since $3 seconds before that look (or this one) may hold, that look, and the largest prefetch and keep any worker reported in the last $2 seconds ($1 this look's start, $2 seconds, $3 seconds)
 WITH waiting AS (
     SELECT j.queue, j.tenant,
            count(*) FILTER (WHERE j.published_at <= $1::timestamptz) AS waiting,
@@ -478,7 +478,7 @@ SELECT w.queue, w.tenant, w.waiting, w.waiting_before, w.top_priority,
        l.suspects AS previous_suspects,
        coalesce((SELECT sum(h.held) FROM queue_holds AS h
                  WHERE h.queue = w.queue AND h.tenant = w.tenant
-                   AND h.reported_at >= coalesce(l.looked_at,
+                   AND h.reported_at >= coalesce(l.counted_at, l.looked_at,
                                                  now() - make_interval(secs => $2))),
                 0)::int8 AS held,
        coalesce((SELECT sum(s.taking) FROM queue_sweeps AS s
@@ -509,17 +509,18 @@ WHERE j.id IN (
 RETURNING j.id;
 
 -- name: save_queue_looks
--- Record this pass's look at each queue in place of the previous one; a null ready count: the queue was missing ($1 queues, $2 tenants, $3 look start, $4 ready counts, $5 consumer counts, $6 waiting counts, $7 deficits, $8 suspects' latest confirms)
-INSERT INTO queue_looks AS l (queue, tenant, looked_at, ready, consumers, waiting, deficit,
-                              suspects)
-SELECT u.queue, u.tenant, $3::timestamptz, u.ready, u.consumers, u.waiting, u.deficit,
-       u.suspects
+-- Record this pass's look at each queue in place of the previous one; a null ready count: the queue was missing ($1 queues, $2 tenants, $3 look start, $4 ready counts, $5 consumer counts, $6 waiting counts, $7 deficits, $8 suspects' latest confirms, $9 instants just after each count)
+INSERT INTO queue_looks AS l (queue, tenant, looked_at, counted_at, ready, consumers, waiting,
+                              deficit, suspects)
+SELECT u.queue, u.tenant, $3::timestamptz, u.counted_at, u.ready, u.consumers, u.waiting,
+       u.deficit, u.suspects
 FROM unnest($1::text[], $2::text[], $4::int4[], $5::int4[], $6::int4[], $7::int4[],
-            $8::timestamptz[])
-     AS u(queue, tenant, ready, consumers, waiting, deficit, suspects)
+            $8::timestamptz[], $9::timestamptz[])
+     AS u(queue, tenant, ready, consumers, waiting, deficit, suspects, counted_at)
 ON CONFLICT (queue, tenant) DO UPDATE
-SET looked_at = excluded.looked_at, ready = excluded.ready, consumers = excluded.consumers,
-    waiting = excluded.waiting, deficit = excluded.deficit, suspects = excluded.suspects;
+SET looked_at = excluded.looked_at, counted_at = excluded.counted_at, ready = excluded.ready,
+    consumers = excluded.consumers, waiting = excluded.waiting, deficit = excluded.deficit,
+    suspects = excluded.suspects;
 
 -- name: reconcile_suspects
 -- When the $3-th oldest confirmed waiting row of one (lane, tenant) was confirmed (its message may be lost, as may be every older one); $4 when it has fewer ($1 queue, $2 tenant, $3 rank, $4 look start)

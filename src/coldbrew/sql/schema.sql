@@ -97,6 +97,7 @@ CREATE TABLE queue_looks (
     queue      text NOT NULL,
     tenant     text NOT NULL,
     looked_at  timestamptz NOT NULL,
+    counted_at timestamptz,
     ready      integer,
     consumers  integer,
     waiting    integer NOT NULL,

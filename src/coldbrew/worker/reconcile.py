@@ -38,9 +38,10 @@ a pass earlier):
   confirmed before the previous look and still waiting is held unclaimed by
   a worker (in its scheduler: no free slot, a paused tenant, a full cap) or
   lost (or, for a moment, taken by an aging sweep: subtracted as above);
-  each worker reports what it holds per queue every third of a pass
+  each worker reports what it holds per queue every quarter of a pass
   (``queue_holds``, with its prefetch in ``reconcile_workers``), and the held
-  set of such rows can only shrink between the looks, so ``E_before - held``
+  set of such rows can only shrink after the first look counted the queue,
+  so with each worker's latest report made since then, ``E_before - held``
   is again a lower bound of the loss. This finds a loss smaller than the
   prefetch bound once the queue empties.
 
@@ -64,9 +65,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import structlog
 
@@ -85,6 +87,9 @@ Holdings = Callable[[], dict[Pair, int]]
 
 BATCH = 10_000
 """Rows one pass makes due per queue at most (the relay publishes them in batches of 500)."""
+COUNT_MARGIN = 0.25
+"""Seconds added to a queue's count instant, for the clock's reading and a report's
+computation just before its statement."""
 SWEEP_SECONDS = 10.0
 """Longer than any aging sweep holds what it took (``Broker.sweep_queue``: 2 s, then requeues)."""
 
@@ -201,7 +206,7 @@ class Reconciler:
         self.metrics = metrics
         self.worker_id = worker_id
         self.interval = reconcile_seconds / 3
-        self.report_interval = self.interval / 3
+        self.report_interval = self.interval / 4
         self.bounds = Bounds(
             prefetch=prefetch, keep=keep, min_gap=self.interval / 2, max_age=self.interval * 3
         )
@@ -330,9 +335,15 @@ class Reconciler:
 
     async def _pass(self, tx: ReconcilePass) -> PassResult:
         pairs = await tx.pairs()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         measured: dict[Pair, QueueCounts | None] = {}
+        counted_at: dict[Pair, datetime] = {}
         for pair in pairs:
             measured[pair] = await self.broker.queue_counts(self.topology.job_queue(*pair))
+            # on PostgreSQL's clock: the pass's start plus the time since (a report must be
+            # computed after the count to cover what the count missed)
+            counted_at[pair] = tx.started + timedelta(seconds=loop.time() - began + COUNT_MARGIN)
         # after the broker's counts: see the module doc
         counts = await tx.counts(report_age=self.bounds.max_age, sweep_seconds=SWEEP_SECONDS)
         records: list[LookRecord] = []
@@ -341,7 +352,8 @@ class Reconciler:
             waiting = counts.get(pair)
             verdict = judge(found, waiting, started=tx.started, bounds=self.bounds)
             if not self._history_kept(waiting, tx.started):
-                records.append(await self._record(tx, pair, found, waiting, verdict))
+                record = await self._record(tx, pair, found, waiting, verdict)
+                records.append(dataclasses.replace(record, counted_at=counted_at[pair]))
             if waiting is not None and verdict.rule is not None:
                 made_due = await self._republish(tx, pair, found, waiting, verdict)
                 republished[verdict.rule] = republished.get(verdict.rule, 0) + made_due

@@ -20,10 +20,13 @@ CREATE INDEX jobs_published_waiting ON jobs (queue, tenant, published_at)
 -- consumers from a passive queue.declare, the waiting rows published before
 -- the look, how many of them had no message by the count, and up to when the
 -- rows that may be lost were confirmed; the next look compares against it.
+-- looked_at: the pass's start (rows confirmed by then are counted); counted_at:
+-- just after this queue's count (holding reports made since then cover it).
 CREATE TABLE queue_looks (
     queue      text NOT NULL,
     tenant     text NOT NULL,
     looked_at  timestamptz NOT NULL,
+    counted_at timestamptz,
     ready      integer,
     consumers  integer,
     waiting    integer NOT NULL,
