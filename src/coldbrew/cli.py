@@ -15,8 +15,8 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from coldbrew import logs
 from coldbrew.errors import (
@@ -26,6 +26,9 @@ from coldbrew.errors import (
     ServiceUnavailable,
 )
 from coldbrew.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from coldbrew.store import QueueStats
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -260,7 +263,7 @@ async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
-    from coldbrew.stats import DrainRates
+    from coldbrew.stats import DrainRates, lane_consumers
     from coldbrew.store import JobStore
 
     if not 0 <= args.sample <= 600:
@@ -269,6 +272,9 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
         rows = await store.stats.queue_stats()
+        consumers = lane_consumers(
+            await store.reconcile.list_queue_looks(), settings.reconcile_seconds
+        )
         if args.sample > 0:  # the drain rate is the change of the finished counters
             first = time.monotonic()
             for row in rows:
@@ -293,6 +299,7 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
                     "depth": depth,
                     "drain_rate_per_second": rate,
                     "estimated_wait_seconds": None if wait is None or math.isinf(wait) else wait,
+                    "lane_consumers": consumers.get(row.queue),
                 }
                 for row, depth, rate, wait in table
             ]
@@ -313,7 +320,34 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         )
     if not rows:
         print("(no jobs)")
+    for line in unserved_lanes(rows, consumers, settings.reconcile_seconds):
+        print(line)
     return EXIT_OK
+
+
+def unserved_lanes(
+    rows: Sequence[QueueStats], consumers: Mapping[str, int], look_age: float
+) -> list[str]:
+    """A line for each lane with waiting jobs that no worker consumes, or that no worker
+    has looked at lately (the reconcile looks count each lane's consumers)."""
+    waiting: dict[str, int] = {}
+    for row in rows:
+        waiting[row.queue] = waiting.get(row.queue, 0) + row.queued + row.retrying
+    lines = []
+    for lane, count in sorted(waiting.items()):
+        if count == 0:
+            continue
+        if lane not in consumers:
+            lines.append(
+                f"warning: lane {lane!r} has {count} waiting jobs and no worker looked at its "
+                f"queues in the last {look_age:g} s: is any worker running?"
+            )
+        elif consumers[lane] == 0:
+            lines.append(
+                f"warning: lane {lane!r} has {count} waiting jobs and no consumer: no running "
+                f"worker serves it (COLDBREW_QUEUES, or the app's job queues)"
+            )
+    return lines
 
 
 async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:

@@ -37,6 +37,7 @@ __all__ = [
     "BREAKER_STATES",
     "DURATION_BUCKETS",
     "OUTCOMES",
+    "RECONCILE_RULES",
     "REDELIVERY_CAUSES",
     "RELAY_CAUSES",
     "JobHandles",
@@ -58,6 +59,7 @@ OUTCOMES: Final[tuple[Outcome, ...]] = (
 )
 REDELIVERY_CAUSES: Final = ("broker_flag", "aging_sweep", "duplicate", "lease_expired")
 RELAY_CAUSES: Final = ("submission", "retry", "lease_expired", "replay")
+RECONCILE_RULES: Final = ("count", "idle")
 BreakerState = Literal["closed", "half_open", "open"]
 BREAKER_STATES: Final[Mapping[BreakerState, int]] = MappingProxyType(
     {"closed": 0, "half_open": 1, "open": 2}
@@ -110,6 +112,7 @@ class Metrics:
         self._init_job_metrics(registry)
         self._init_delivery_metrics(registry)
         self._init_fleet_metrics(registry)
+        self._init_reconcile_metrics(registry)
         self._handles: dict[tuple[str, str], JobHandles] = {}
         # Known label values exist from the start, so rate() sees the first increment.
         for cause in REDELIVERY_CAUSES:
@@ -239,6 +242,47 @@ class Metrics:
             ["name"],
             registry=reg,
         )
+
+    def _init_reconcile_metrics(self, reg: CollectorRegistry) -> None:
+        self.reconcile_passes = Counter(
+            "coldbrew_reconcile_passes_total",
+            "Reconcile passes this worker tried, by result (reconciled: it looked at the "
+            "queues; skipped: another worker's pass held the lock or had just looked).",
+            ["result"],
+            registry=reg,
+        )
+        self.reconcile_republished = Counter(
+            "coldbrew_reconcile_republished_total",
+            "Waiting jobs whose message could not be in their queue, made due for the relay "
+            "again, by rule (count: fewer messages than rows beyond what consumers can hold, "
+            "at two looks; idle: an empty queue at two looks, beyond what workers hold).",
+            ["rule"],
+            registry=reg,
+        )
+        self.queues_redeclared = Counter(
+            "coldbrew_queues_redeclared_total",
+            "Tenant queues declared and bound again after the broker lost them, by how that "
+            "was seen (cancelled: the broker cancelled our consumer; missing: a reconcile look).",
+            ["cause"],
+            registry=reg,
+        )
+        self.lane_consumers = Gauge(
+            "coldbrew_lane_consumers",
+            "Consumers of each lane at the latest reconcile look (the most on any of its "
+            "tenant queues); 0 while jobs wait means no running worker serves the lane.",
+            ["lane"],
+            registry=reg,
+        )
+        self.rejected_jobs_failed = Counter(
+            "coldbrew_rejected_jobs_failed_total",
+            "Waiting jobs failed because the worker rejected their message, by reason.",
+            ["reason"],
+            registry=reg,
+        )
+        for rule in RECONCILE_RULES:
+            self.reconcile_republished.labels(rule=rule)
+        for result in ("reconciled", "skipped"):
+            self.reconcile_passes.labels(result=result)
 
     def job_handles(self, queue: str, type: str) -> JobHandles:
         """Return the cached labelled children for a registered job type on a queue.

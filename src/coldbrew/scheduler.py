@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -254,6 +254,13 @@ class FairScheduler(Generic[T]):
 
     def __len__(self) -> int:
         return self._count
+
+    def items(self) -> Iterator[Pending[T]]:
+        """Every pending item, in no particular order (O(items); for counts, not picking)."""
+        for tenant in self._tenants.values():
+            for heap in tenant.levels:
+                for entry in heap:
+                    yield entry[2]
 
     def pending_by_tenant(self) -> dict[str, int]:
         """Number of pending items per tenant that has any."""

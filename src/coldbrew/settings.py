@@ -144,6 +144,7 @@ class Settings(BaseSettings):
     breaker_reset_seconds: Annotated[float, Field(gt=0)] = 30.0
     metrics_max_tenants: Annotated[int, Field(ge=1, le=10_000)] = 100
     stats_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+    reconcile_seconds: Annotated[float, Field(ge=0.3, le=86_400)] = 60.0
 
     max_attempts: Annotated[int, Field(ge=1, le=1000)] = 5
     retry_base_seconds: Annotated[float, Field(gt=0)] = 1.0

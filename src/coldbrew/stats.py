@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from coldbrew.metrics import Metrics
-from coldbrew.store import JobStore, QueueStats
+from coldbrew.store import JobStore, QueueLook, QueueStats
 
 OTHER = "other"
 
@@ -51,6 +51,16 @@ def cap_tenants(rows: Sequence[QueueStats], max_tenants: int) -> list[QueueStats
                 finished=prev.finished + row.finished,
             )
     return kept + list(folded.values())
+
+
+def lane_consumers(looks: Sequence[QueueLook], max_age: float) -> dict[str, int]:
+    """Consumers per lane at the reconcile looks younger than ``max_age`` seconds: the most
+    on any of its tenant queues (every worker of a lane consumes all of its tenant queues)."""
+    lanes: dict[str, int] = {}
+    for look in looks:
+        if look.age_seconds <= max_age and look.consumers is not None:
+            lanes[look.queue] = max(lanes.get(look.queue, 0), look.consumers)
+    return lanes
 
 
 RATE_WINDOW_SECONDS = 60.0

@@ -45,6 +45,16 @@ class Topology:
         """The durable queue of one lane and tenant."""
         return f"{self.namespace}.q.{queue}.{tenant}"
 
+    def job_queue_pair(self, name: str) -> tuple[str, str] | None:
+        """The (lane, tenant) of a ``job_queue`` name of this namespace, else None."""
+        prefix = f"{self.namespace}.q."
+        if not name.startswith(prefix):
+            return None
+        queue, dot, tenant = name[len(prefix) :].partition(".")
+        if not (queue and dot and tenant) or "." in tenant:
+            return None
+        return queue, tenant
+
     @property
     def tenant_channel(self) -> str:
         """PostgreSQL NOTIFY channel that announces a newly provisioned tenant queue."""

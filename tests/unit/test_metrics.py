@@ -123,6 +123,11 @@ async def test_every_required_family_is_exported(served: Served) -> None:
         "coldbrew_tenants_provisioned_total",
         "coldbrew_priority_clamped_total",
         "coldbrew_breaker_state",
+        "coldbrew_reconcile_passes_total",
+        "coldbrew_reconcile_republished_total",
+        "coldbrew_queues_redeclared_total",
+        "coldbrew_lane_consumers",
+        "coldbrew_rejected_jobs_failed_total",
     ):
         assert f"# HELP {name} " in text, name
     assert 'coldbrew_breaker_state{name="database"} 2.0' in text

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from coldbrew.caps.decision import Capped
@@ -287,6 +287,14 @@ class CapGate:
         self._notified.add(scope)
 
     # --- holding and draining -------------------------------------------------------
+
+    def held_items(self) -> Iterator[Pending[Delivery]]:
+        """Every delivery held here: waiting in a type's ``held`` or its capped claim in flight."""
+        for cap in self._scopes.values():
+            if cap.held:
+                yield from cap.held.items()
+        for pending, _ in self._claiming.values():
+            yield pending
 
     def remove_held_where(
         self, pred: Callable[[Pending[Delivery]], bool]

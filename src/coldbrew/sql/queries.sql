@@ -21,8 +21,8 @@ SELECT * FROM jobs
 WHERE id = ANY($1::text[]) AND status IN ('succeeded', 'failed', 'dead', 'cancelled');
 
 -- name: mark_published
--- Clear the publish mark of rows whose publish was confirmed, unless it was re-set meanwhile; rows another transaction holds (a worker claiming the job just published) are skipped, not waited for: waiting deadlocked against claim batches locking the same rows in another order, and a skipped mark is cleared by clear_stale_publish_marks once the job is no longer waiting ($1 ids, $2 publish_after values read)
-UPDATE jobs AS j SET publish_after = NULL
+-- Clear the publish mark of rows whose publish was confirmed, unless it was re-set meanwhile, and record when (reconciliation counts a waiting row's message as in its queue from then on); rows another transaction holds (a worker claiming the job just published) are skipped, not waited for: waiting deadlocked against claim batches locking the same rows in another order, and a skipped mark is cleared by clear_stale_publish_marks once the job is no longer waiting ($1 ids, $2 publish_after values read)
+UPDATE jobs AS j SET publish_after = NULL, published_at = now()
 FROM unnest($1::text[], $2::timestamptz[]) AS u(id, publish_after)
 WHERE j.id = u.id AND j.publish_after = u.publish_after
   AND j.id IN (SELECT id FROM jobs WHERE id = ANY($1::text[]) FOR UPDATE SKIP LOCKED);
@@ -345,10 +345,10 @@ SELECT CASE WHEN $1::text IS NULL THEN 0
        END AS type_running;
 
 -- name: register_waiting
--- A capped job waits: record it as queued if it has no row yet, so that status and stats see it ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key)
+-- A capped job waits: record it as queued if it has no row yet, so that status and stats see it; its message exists (it is held here), so it counts as published ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key)
 INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                  idempotency_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                  idempotency_key, published_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now())
 ON CONFLICT (id) DO NOTHING;
 
 -- name: claimability
@@ -488,3 +488,163 @@ INSERT INTO schema_migrations (version, name) VALUES ($1, $2);
 -- name: drop_schema
 -- Drop a namespace's schema and everything in it ({schema} its quoted name; no parameters)
 DROP SCHEMA IF EXISTS {schema} CASCADE;
+-- --- reconciliation (worker/reconcile.py) and rejected rows (worker/dead_letters.py) ---
+
+-- name: reconcile_lock
+-- Without waiting, take the namespace's reconcile lock for this transaction (one pass at a time across the fleet; the key includes the schema because advisory locks are database-wide), read the clock (the instant this look began) and when the fleet's latest look was (no parameters)
+SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || ':reconcile', 0)) AS locked,
+       clock_timestamp() AS started,
+       (SELECT max(looked_at) FROM queue_looks) AS last_look;
+
+-- name: reconcile_pairs
+-- The (lane, tenant) queues a pass looks at: those with waiting jobs whose publish was confirmed, and one recorded queue per lane, whose consumers stand for the lane's (no parameters)
+SELECT queue, tenant FROM jobs
+WHERE status IN ('queued', 'retrying') AND publish_after IS NULL
+GROUP BY queue, tenant
+UNION
+(SELECT DISTINCT ON (queue) queue, tenant FROM tenant_queues ORDER BY queue, tenant);
+
+-- name: reconcile_counts
+-- Per (lane, tenant), read after the broker's counts: the waiting rows whose message was confirmed by $1 (this look's start) and by the previous look, their highest priority, the deliveries workers reported holding unclaimed since the previous look counted the queue (without one: in the last $2 seconds), the messages aging sweeps begun since $3 seconds before that look (or this one) may hold, that look, and the largest prefetch and keep any worker reported in the last $2 seconds ($1 this look's start, $2 seconds, $3 seconds)
+WITH waiting AS (
+    SELECT j.queue, j.tenant,
+           count(*) FILTER (WHERE j.published_at <= $1::timestamptz) AS waiting,
+           count(*) FILTER (WHERE j.published_at <= l.looked_at) AS waiting_before,
+           max(j.priority)::int4 AS top_priority
+    FROM jobs AS j
+    LEFT JOIN queue_looks AS l ON l.queue = j.queue AND l.tenant = j.tenant
+    WHERE j.status IN ('queued', 'retrying') AND j.publish_after IS NULL
+      AND (j.status = 'queued' OR j.run_at <= now()) AND NOT j.cancel_requested
+    GROUP BY j.queue, j.tenant
+)
+SELECT w.queue, w.tenant, w.waiting, w.waiting_before, w.top_priority,
+       l.looked_at AS previous_look, l.ready AS previous_ready, l.deficit AS previous_deficit,
+       l.suspects AS previous_suspects,
+       coalesce((SELECT sum(h.held) FROM queue_holds AS h
+                 WHERE h.queue = w.queue AND h.tenant = w.tenant
+                   AND h.reported_at >= coalesce(l.counted_at, l.looked_at,
+                                                 now() - make_interval(secs => $2))),
+                0)::int8 AS held,
+       coalesce((SELECT sum(s.taking) FROM queue_sweeps AS s
+                 WHERE s.queue = w.queue AND s.tenant = w.tenant
+                   AND s.started_at >= coalesce(l.looked_at, $1::timestamptz)
+                                       - make_interval(secs => $3)),
+                0)::int8 AS sweeping,
+       (SELECT max(r.prefetch) FROM reconcile_workers AS r
+        WHERE r.reported_at >= now() - make_interval(secs => $2)) AS fleet_prefetch,
+       (SELECT max(r.keep) FROM reconcile_workers AS r
+        WHERE r.reported_at >= now() - make_interval(secs => $2)) AS fleet_keep
+FROM waiting AS w
+LEFT JOIN queue_looks AS l ON l.queue = w.queue AND l.tenant = w.tenant;
+
+-- name: reconcile_republish
+-- Make due again, for the relay, the waiting rows of one (lane, tenant) whose message cannot be in its queue: those confirmed longest ago first ($1 queue, $2 tenant, $3 confirmed by, $4 limit)
+UPDATE jobs AS j SET publish_after = clock_timestamp()
+WHERE j.id IN (
+    SELECT id FROM jobs
+    WHERE queue = $1 AND tenant = $2 AND status IN ('queued', 'retrying')
+      AND publish_after IS NULL AND published_at <= $3::timestamptz
+      AND (status = 'queued' OR run_at <= now()) AND NOT cancel_requested
+    ORDER BY published_at
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+  AND j.status IN ('queued', 'retrying') AND j.publish_after IS NULL
+RETURNING j.id;
+
+-- name: save_queue_looks
+-- Record this pass's look at each queue in place of the previous one; a null ready count: the queue was missing ($1 queues, $2 tenants, $3 look start, $4 ready counts, $5 consumer counts, $6 waiting counts, $7 deficits, $8 suspects' latest confirms, $9 instants just after each count)
+INSERT INTO queue_looks AS l (queue, tenant, looked_at, counted_at, ready, consumers, waiting,
+                              deficit, suspects)
+SELECT u.queue, u.tenant, $3::timestamptz, u.counted_at, u.ready, u.consumers, u.waiting,
+       u.deficit, u.suspects
+FROM unnest($1::text[], $2::text[], $4::int4[], $5::int4[], $6::int4[], $7::int4[],
+            $8::timestamptz[], $9::timestamptz[])
+     AS u(queue, tenant, ready, consumers, waiting, deficit, suspects, counted_at)
+ON CONFLICT (queue, tenant) DO UPDATE
+SET looked_at = excluded.looked_at, counted_at = excluded.counted_at, ready = excluded.ready,
+    consumers = excluded.consumers, waiting = excluded.waiting, deficit = excluded.deficit,
+    suspects = excluded.suspects;
+
+-- name: reconcile_suspects
+-- When the $3-th oldest confirmed waiting row of one (lane, tenant) was confirmed (its message may be lost, as may be every older one); $4 when it has fewer ($1 queue, $2 tenant, $3 rank, $4 look start)
+SELECT coalesce(
+    (SELECT published_at FROM jobs
+     WHERE queue = $1 AND tenant = $2 AND status IN ('queued', 'retrying')
+       AND publish_after IS NULL AND published_at <= $4::timestamptz
+       AND (status = 'queued' OR run_at <= now()) AND NOT cancel_requested
+     ORDER BY published_at
+     OFFSET $3::int8 - 1
+     LIMIT 1),
+    $4::timestamptz) AS suspects;
+
+-- name: prune_queue_looks
+-- Forget looks at queues no pass looked at for $1 seconds (nothing waits there any more), and the reports of workers silent as long (gone: the broker requeued what they held) ($1 seconds)
+WITH holds AS (
+    DELETE FROM queue_holds WHERE reported_at < now() - make_interval(secs => $1)
+),
+workers AS (
+    DELETE FROM reconcile_workers WHERE reported_at < now() - make_interval(secs => $1)
+),
+sweeps AS (
+    DELETE FROM queue_sweeps WHERE started_at < now() - make_interval(secs => $1)
+)
+DELETE FROM queue_looks WHERE looked_at < now() - make_interval(secs => $1);
+
+-- name: list_queue_looks
+-- The latest look at each queue, with its age in seconds, for the lane-consumers gauge and `coldbrew stats` (no parameters)
+SELECT queue, tenant, ready, consumers, waiting, deficit,
+       extract(epoch FROM now() - looked_at)::float8 AS age_seconds
+FROM queue_looks
+ORDER BY queue, tenant;
+
+-- name: report_holds
+-- Replace this worker's report: the deliveries it holds unclaimed per (lane, tenant), and what one of its consumers can hold unacked ($1 worker id, $2 queues, $3 tenants, $4 counts, $5 prefetch, $6 keep)
+WITH worker AS (
+    INSERT INTO reconcile_workers AS r (worker_id, prefetch, keep, reported_at)
+    VALUES ($1, $5, $6, now())
+    ON CONFLICT (worker_id) DO UPDATE
+    SET prefetch = excluded.prefetch, keep = excluded.keep, reported_at = excluded.reported_at
+),
+gone AS (
+    DELETE FROM queue_holds AS h
+    WHERE h.worker_id = $1
+      AND (h.queue, h.tenant) NOT IN (SELECT u.queue, u.tenant
+                                      FROM unnest($2::text[], $3::text[]) AS u(queue, tenant))
+)
+INSERT INTO queue_holds AS h (worker_id, queue, tenant, held, reported_at)
+SELECT $1, u.queue, u.tenant, u.held, now()
+FROM unnest($2::text[], $3::text[], $4::int4[]) AS u(queue, tenant, held)
+ON CONFLICT (worker_id, queue, tenant) DO UPDATE
+SET held = excluded.held, reported_at = excluded.reported_at;
+
+-- name: record_sweep
+-- An aging sweep of one (lane, tenant) queue begins and may take up to $4 of its ready messages for a moment; committed before it takes any. The row keeps the largest taking of this worker's sweeps of the queue in the last $5 seconds, which a look overlapping any of them subtracts ($1 worker id, $2 queue, $3 tenant, $4 taking, $5 seconds)
+INSERT INTO queue_sweeps AS s (worker_id, queue, tenant, started_at, taking)
+VALUES ($1, $2, $3, now(), $4)
+ON CONFLICT (worker_id, queue, tenant) DO UPDATE
+SET started_at = excluded.started_at,
+    taking = CASE WHEN s.started_at >= now() - make_interval(secs => $5)
+                  THEN greatest(s.taking, excluded.taking)
+                  ELSE excluded.taking END;
+
+-- name: fail_rejected_jobs
+-- Rejected messages whose job has a row still waiting (unclaimed): the row fails with the rejection's reason and counts as finished for the drain rate; returns the rows failed ($1 ids, $2 reasons, $3 details)
+WITH failed AS (
+    UPDATE jobs AS j
+    SET status = 'failed', error_kind = u.reason, error_message = u.detail,
+        finished_at = now(), publish_after = NULL, lease_expires_at = NULL, worker_id = NULL,
+        updated_at = now()
+    FROM (SELECT DISTINCT ON (r.id) r.id, r.reason, r.detail
+          FROM unnest($1::text[], $2::text[], $3::text[]) AS r(id, reason, detail)
+          ORDER BY r.id) AS u
+    WHERE j.id = u.id AND j.status IN ('queued', 'retrying')
+    RETURNING j.id, j.queue, j.tenant
+),
+counted AS (
+    -- sorted, so that concurrent writers lock counter rows in one order (no deadlock)
+    INSERT INTO queue_counters AS c (queue, tenant, finished)
+    SELECT queue, tenant, count(*) FROM failed GROUP BY queue, tenant ORDER BY queue, tenant
+    ON CONFLICT (queue, tenant) DO UPDATE SET finished = c.finished + excluded.finished
+)
+SELECT id FROM failed;

@@ -33,7 +33,8 @@ CREATE TABLE jobs (
     worker_id         text,
     cancel_requested  boolean NOT NULL DEFAULT false,
     cancel_reason     text,
-    updated_at        timestamptz NOT NULL DEFAULT now()
+    updated_at        timestamptz NOT NULL DEFAULT now(),
+    published_at      timestamptz
 );
 
 CREATE INDEX jobs_publish_due ON jobs (publish_after) WHERE publish_after IS NOT NULL;
@@ -42,6 +43,8 @@ CREATE INDEX jobs_waiting ON jobs (queue, tenant, created_at)
     WHERE status IN ('queued', 'retrying');
 CREATE INDEX jobs_dead ON jobs (finished_at) WHERE status = 'dead';
 CREATE INDEX jobs_running ON jobs (tenant, type) WHERE status = 'running';
+CREATE INDEX jobs_published_waiting ON jobs (queue, tenant, published_at)
+    WHERE status IN ('queued', 'retrying') AND publish_after IS NULL;
 
 CREATE TABLE job_once (
     job_id      text NOT NULL,
@@ -88,4 +91,42 @@ CREATE TABLE rejected_messages (
     headers      jsonb,
     body         bytea NOT NULL,
     received_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE queue_looks (
+    queue      text NOT NULL,
+    tenant     text NOT NULL,
+    looked_at  timestamptz NOT NULL,
+    counted_at timestamptz,
+    ready      integer,
+    consumers  integer,
+    waiting    integer NOT NULL,
+    deficit    integer,
+    suspects   timestamptz,
+    PRIMARY KEY (queue, tenant)
+);
+
+CREATE TABLE queue_holds (
+    worker_id    text NOT NULL,
+    queue        text NOT NULL,
+    tenant       text NOT NULL,
+    held         integer NOT NULL CHECK (held > 0),
+    reported_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (worker_id, queue, tenant)
+);
+
+CREATE TABLE reconcile_workers (
+    worker_id    text PRIMARY KEY,
+    prefetch     integer NOT NULL CHECK (prefetch >= 0),
+    keep         integer NOT NULL CHECK (keep >= 0),
+    reported_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE queue_sweeps (
+    worker_id   text NOT NULL,
+    queue       text NOT NULL,
+    tenant      text NOT NULL,
+    started_at  timestamptz NOT NULL DEFAULT now(),
+    taking      integer NOT NULL CHECK (taking >= 0),
+    PRIMARY KEY (worker_id, queue, tenant)
 );

@@ -33,6 +33,13 @@ from coldbrew.store.jobs import JobRows
 from coldbrew.store.jobstore import JobStore
 from coldbrew.store.leases import LeaseStore
 from coldbrew.store.outbox import Outbox
+from coldbrew.store.reconcile import (
+    LookRecord,
+    QueueLook,
+    ReconcilePass,
+    ReconcileStore,
+    WaitingCount,
+)
 from coldbrew.store.records import (
     CapLocks,
     CapRoom,
@@ -70,12 +77,17 @@ __all__ = [
     "JobStore",
     "JobTypeSettings",
     "LeaseStore",
+    "LookRecord",
     "Outbox",
     "Outcome",
+    "QueueLook",
     "QueueStats",
     "RawJSON",
+    "ReconcilePass",
+    "ReconcileStore",
     "StatsStore",
     "TenantSettings",
     "TenantStore",
+    "WaitingCount",
     "connection_settings",
 ]

@@ -47,3 +47,19 @@ class DeadLetterStore(StoreBase):
         """Rejected messages by reason; with ``tenant``, only those routed to that tenant."""
         rows = await self._fetch("rejected_counts", tenant)
         return {row["reason"]: row["count"] for row in rows}
+
+    async def fail_rejected_jobs(self, rejected: Sequence[tuple[str, str, str]]) -> set[str]:
+        """Fail the waiting rows of rejected messages ``(job id, reason, detail)``; the ids failed.
+
+        Guarded in SQL: a row that is running or finished (the message was a
+        duplicate of a job that did run) is left alone.
+        """
+        if not rejected:
+            return set()
+        rows = await self._fetch(
+            "fail_rejected_jobs",
+            [r[0] for r in rejected],
+            [r[1] for r in rejected],
+            [r[2] for r in rejected],
+        )
+        return {row["id"] for row in rows}

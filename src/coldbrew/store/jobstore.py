@@ -25,6 +25,7 @@ from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.leases import LeaseStore
 from coldbrew.store.outbox import Outbox
+from coldbrew.store.reconcile import ReconcileStore
 from coldbrew.store.stats import StatsStore
 from coldbrew.store.tenants import TenantStore
 
@@ -52,6 +53,8 @@ class JobStore(StoreBase):
         """Dead jobs and rejected messages."""
         self.stats = StatsStore(db)
         """Counts per lane and tenant."""
+        self.reconcile = ReconcileStore(db)
+        """The reconcile passes' lock and looks, and workers' holding reports."""
 
     @classmethod
     @asynccontextmanager

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from coldbrew.transport.acks import ChannelAcks
 from coldbrew.transport.broker import Broker
-from coldbrew.transport.inbound import Inbound, InboundHandler, OnDelivery
+from coldbrew.transport.inbound import Inbound, InboundHandler, OnDelivery, QueueCancels
+from coldbrew.transport.inspect import QueueCounts
 from coldbrew.transport.sweep import Sweep
 
 __all__ = [
@@ -29,5 +30,7 @@ __all__ = [
     "Inbound",
     "InboundHandler",
     "OnDelivery",
+    "QueueCancels",
+    "QueueCounts",
     "Sweep",
 ]

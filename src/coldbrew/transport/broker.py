@@ -10,7 +10,7 @@ the delivery's own business (``Inbound.ack()`` and the like).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aio_pika.abc import AbstractRobustChannel
@@ -21,8 +21,9 @@ from coldbrew.topology import Topology
 from coldbrew.transport.connection import BrokerConnection
 from coldbrew.transport.consume import Consumers
 from coldbrew.transport.declare import declare_fixed, declare_job_queue
-from coldbrew.transport.inbound import Inbound, OnDelivery, requeue_all
-from coldbrew.transport.publish import Publisher
+from coldbrew.transport.inbound import Inbound, OnDelivery, QueueCancels, requeue_all
+from coldbrew.transport.inspect import QueueCounts, QueueInspector
+from coldbrew.transport.publish import PUBLISH_ERRORS, Publisher
 from coldbrew.transport.sweep import Sweep, Sweeper
 
 
@@ -48,9 +49,14 @@ class Broker:
         self._publish_timeout = publish_timeout
         self._channel: AbstractRobustChannel | None = None
         self._publisher: Publisher | None = None
-        self.consumers = Consumers(self._connection, channels=consume_channels)
+        self.queue_cancels = QueueCancels()
+        """Consumed queues the broker cancelled (deleted), for the reconciler to restore."""
+        self.consumers = Consumers(
+            self._connection, channels=consume_channels, cancels=self.queue_cancels
+        )
         """The queues consumed here (``queue in broker.consumers``)."""
         self._sweeper = Sweeper(self._connection)
+        self._inspector = QueueInspector(self._connection)
 
     async def connect(self, *, prefetch: int = 0) -> None:
         """Connect once (fail fast), open channels and declare the fixed topology."""
@@ -66,6 +72,20 @@ class Broker:
     @property
     def connected(self) -> bool:
         return self._connection.connected
+
+    async def redeclare_topology(self) -> None:
+        """Declare the exchanges and the unrouted and dead queues again, with their bindings
+        (after the broker deleted one: a queue aio-pika restores by itself has no binding)."""
+        if self._channel is None:
+            raise BrokerUnavailable("broker used before connect()")
+        try:
+            await declare_fixed(self._channel, self.topology)
+        except PUBLISH_ERRORS as exc:
+            raise BrokerUnavailable(f"declaring the topology: {exc or type(exc).__name__}") from exc
+
+    async def queue_counts(self, queue_name: str) -> QueueCounts | None:
+        """Ready messages and consumers of a queue (a passive declare); None if it is missing."""
+        return await self._inspector.counts(queue_name)
 
     async def declare_job_queue(self, queue: str, tenant: str) -> None:
         """Declare and bind the queue of one lane and tenant (idempotent)."""
@@ -135,10 +155,16 @@ class Broker:
         limit: int,
         quiet_seconds: float = 0.2,
         max_seconds: float = 2.0,
+        on_start: Callable[[int], Awaitable[None]] | None = None,
     ) -> Sweep:
-        """Take up to ``limit`` of a queue's ready messages at once, past its priority order."""
+        """Take up to ``limit`` of a queue's ready messages at once, past its priority order;
+        ``on_start`` is told how many it may take, before it takes any."""
         return await self._sweeper.sweep(
-            queue_name, limit=limit, quiet_seconds=quiet_seconds, max_seconds=max_seconds
+            queue_name,
+            limit=limit,
+            quiet_seconds=quiet_seconds,
+            max_seconds=max_seconds,
+            on_start=on_start,
         )
 
     @staticmethod

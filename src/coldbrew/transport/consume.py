@@ -11,7 +11,7 @@ from aio_pika.abc import AbstractRobustChannel, AbstractRobustQueue
 
 from coldbrew.errors import BrokerUnavailable
 from coldbrew.transport.connection import BrokerConnection
-from coldbrew.transport.inbound import InboundHandler, OnDelivery
+from coldbrew.transport.inbound import InboundChannel, InboundHandler, OnDelivery, QueueCancels
 
 log = structlog.get_logger("coldbrew.broker")
 
@@ -39,8 +39,11 @@ class Consumers:
     an Erlang process in RabbitMQ).
     """
 
-    def __init__(self, connection: BrokerConnection, *, channels: int = 1) -> None:
+    def __init__(
+        self, connection: BrokerConnection, *, channels: int = 1, cancels: QueueCancels
+    ) -> None:
         self._connection = connection
+        self.cancels = cancels
         self.channels = channels
         self._prefetch = 0
         self._open: list[AbstractRobustChannel] = []
@@ -93,6 +96,8 @@ class Consumers:
 
     async def _open_channel(self) -> AbstractRobustChannel:
         channel = await self._connection.channel(publisher_confirms=True)
+        if isinstance(channel, InboundChannel):  # always, through InboundConnection
+            channel.cancels = self.cancels
         if self._prefetch:
             await channel.set_qos(prefetch_count=self._prefetch)
         return channel

@@ -251,8 +251,47 @@ class InboundQueue(RobustQueue):
         return result.consumer_tag
 
 
+class QueueCancels:
+    """Queues whose consumer the broker cancelled (``basic.cancel``: the queue was deleted).
+
+    aio-pika restores the consumer by itself, on a queue declared again
+    without its binding; whoever owns the topology (the reconciler) takes
+    the names from here and declares and binds them again. A mailbox that
+    both sides are handed at construction, rather than a hook set on the
+    channel.
+    """
+
+    def __init__(self) -> None:
+        self._names: list[str] = []
+        self.arrived = asyncio.Event()
+        """Set while names wait to be taken."""
+
+    def add(self, queue_name: str) -> None:
+        log.warning("consumer_cancelled_by_broker", queue=queue_name)
+        self._names.append(queue_name)
+        self.arrived.set()
+
+    def take(self) -> list[str]:
+        names, self._names = self._names, []
+        self.arrived.clear()
+        return names
+
+
 class InboundChannel(RobustChannel):
     QUEUE_CLASS = InboundQueue
+
+    cancels: QueueCancels | None = None
+    """Where a consumer the broker cancelled is reported (set by ``Consumers``)."""
+
+    def _on_consumer_cancel(self, frame: aiormq.spec.Basic.Cancel) -> None:
+        super()._on_consumer_cancel(frame)
+        if self.cancels is None:
+            return
+        for queues in self._queues.values():
+            for queue in queues:
+                if frame.consumer_tag in queue._consumers:
+                    self.cancels.add(queue.name)
+                    return
 
 
 class InboundConnection(RobustConnection):

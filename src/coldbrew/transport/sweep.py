@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiormq
@@ -96,7 +97,13 @@ class Sweeper:
         self._channel: AbstractRobustChannel | None = None
 
     async def sweep(
-        self, queue_name: str, *, limit: int, quiet_seconds: float, max_seconds: float
+        self,
+        queue_name: str,
+        *,
+        limit: int,
+        quiet_seconds: float,
+        max_seconds: float,
+        on_start: Callable[[int], Awaitable[None]] | None = None,
     ) -> Sweep:
         """Take up to ``limit`` of ``queue_name``'s ready messages (nothing if it is gone).
 
@@ -110,6 +117,8 @@ class Sweeper:
             if queue is None or ready == 0:
                 return Sweep(0, [])
             want = min(ready, limit)
+            if on_start is not None:  # told how many it may take, before it takes any
+                await on_start(want)
             await channel.set_qos(prefetch_count=want)
             collection = _Collection(want)
             handler = InboundHandler(collection.take)

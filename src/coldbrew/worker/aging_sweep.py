@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -21,6 +21,8 @@ log = structlog.get_logger("coldbrew.sweeper")
 RETURNED_MEMORY = 10_000
 
 Accept = Callable[[Inbound, float], None]
+OnSweep = Callable[[str, str, int], Awaitable[None]]
+"""Told (lane, tenant, how many it may take) as a sweep begins (reconcile.py records it)."""
 
 
 class SweepReturns:
@@ -69,6 +71,7 @@ class QueueSweeper:
         limit: int,
         keep_max: int,
         aging_seconds: float,
+        on_sweep: OnSweep | None = None,
     ) -> None:
         self.watch = watch
         self.broker = broker
@@ -80,6 +83,7 @@ class QueueSweeper:
         self.limit = limit
         self.keep_max = keep_max
         self.aging_seconds = aging_seconds
+        self.on_sweep = on_sweep
 
     async def run(self, stop: asyncio.Event) -> None:
         # full_batch: never again at once, the due queues were all swept
@@ -101,8 +105,15 @@ class QueueSweeper:
     async def _sweep(self, key: QueueKey) -> None:
         started = time.monotonic()
         lane, tenant = key
+        on_start = None
+        if self.on_sweep is not None:
+            on_sweep = self.on_sweep
+
+            async def on_start(taking: int) -> None:
+                await on_sweep(lane, tenant, taking)
+
         sweep = await self.broker.sweep_queue(
-            self.topology.job_queue(lane, tenant), limit=self.limit
+            self.topology.job_queue(lane, tenant), limit=self.limit, on_start=on_start
         )
         now = time.monotonic()
         plan = self.watch.plan(

@@ -6,6 +6,13 @@ in the ``rejected`` table, copies it to ``<ns>.dead`` for RabbitMQ-native
 tools, and only then acks it, so a rejected message is never lost and never
 requeued in a loop (STYLE §8). Rejections are batched: a garbage stream costs
 one INSERT per batch.
+
+A rejected message whose ``message_id`` is a job row still waiting (a
+submitter accepted what the worker refuses) makes that row ``failed`` with the
+rejection's reason as its error kind: its only message is gone, and a row
+left ``queued`` would never run nor fail (reconciliation would only publish
+it again, to be rejected again). A row that is running or finished is left
+alone: the message was a duplicate of a job that did run.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import structlog
 
 from coldbrew.errors import ContractViolation
 from coldbrew.metrics import Metrics
+from coldbrew.model import JOB_ID_RE
 from coldbrew.store import JobStore
 from coldbrew.transport import Broker, Inbound
 from coldbrew.worker.service import Backoff, until_available
@@ -75,7 +83,16 @@ class DeadLetters:
             for m, v in batch
         ]
 
+        rejected_jobs = [
+            (m.message_id, v.reason, v.detail)
+            for m, v in batch
+            if m.message_id is not None and JOB_ID_RE.match(m.message_id)
+        ]
+
         async def record_and_copy() -> bool:
+            # first, and idempotent (guarded), so a retry after an outage repeats nothing
+            failed = await self.store.dead.fail_rejected_jobs(rejected_jobs)
+            self._failed(batch, failed)
             await self.store.dead.insert_rejected(rows)
             for message, violation in batch:
                 await self.broker.publish_dead(
@@ -92,6 +109,19 @@ class DeadLetters:
             record_and_copy, event="dead_letter_delayed", give_up=stop.is_set, backoff=Backoff()
         )
         return done is not None
+
+    def _failed(self, batch: list[Reject], failed: set[str]) -> None:
+        """Count and log the waiting jobs that failed because their message was rejected."""
+        for message, violation in batch:
+            if message.message_id in failed:
+                failed.discard(message.message_id)
+                self.metrics.rejected_jobs_failed.labels(violation.reason).inc()
+                log.warning(
+                    "job_failed_by_rejection",
+                    job_id=message.message_id,
+                    reason=violation.reason,
+                    detail=violation.detail[:300],
+                )
 
     async def _settle(self, batch: list[Reject]) -> None:
         for message, violation in batch:

@@ -23,6 +23,7 @@ held-deliveries service). The drain hands every held delivery back.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable
 
@@ -265,6 +266,16 @@ class Intake:
             log.error("job_task_crashed", error=repr(exc), exc_info=exc)
             self.lifecycle.die(exc)
         self.dispatch()
+
+    def held_by_queue(self) -> dict[tuple[str, str], int]:
+        """Deliveries held here unclaimed, per (lane, tenant): in the scheduler or the cap
+        gate, unacked and so in no queue's ready count (reconcile.py subtracts them)."""
+        held: dict[tuple[str, str], int] = {}
+        for pending in itertools.chain(self.scheduler.items(), self.caps.held_items()):
+            env = pending.payload.envelope
+            key = (env.queue, env.tenant)
+            held[key] = held.get(key, 0) + 1
+        return held
 
     # --- handing deliveries back ------------------------------------------------------
 

@@ -33,6 +33,7 @@ from coldbrew.worker.heartbeat import Heartbeat
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.parts import Parts, Shared, open_parts
 from coldbrew.worker.reaper import Reaper
+from coldbrew.worker.reconcile import Reconciler
 from coldbrew.worker.relay import Relay
 from coldbrew.worker.service import Periodic, Service
 
@@ -140,6 +141,19 @@ class Worker:
         """Every background loop of this worker, each a file of this package."""
         settings, parts = self.settings, self.parts
         store, broker, metrics = parts.store, parts.broker, self.metrics
+        reconciler = Reconciler(
+            store=store,
+            broker=broker,
+            topology=self.topology,
+            metrics=metrics,
+            worker_id=settings.worker_id,
+            reconcile_seconds=settings.reconcile_seconds,
+            prefetch=settings.effective_prefetch,
+            keep=settings.effective_prefetch if settings.aging_sweep_limit else 0,
+            holdings=parts.intake.held_by_queue,
+            ensure=parts.tenants.ensure,
+            cancels=broker.queue_cancels,
+        )
         sweeper = QueueSweeper(
             watch=self.starvation,
             broker=broker,
@@ -151,6 +165,7 @@ class Worker:
             limit=settings.aging_sweep_limit,
             keep_max=settings.effective_prefetch,
             aging_seconds=settings.aging_seconds,
+            on_sweep=reconciler.sweep_starting,
         )
         return [
             Relay(store, broker, metrics, interval=settings.relay_interval_seconds),
@@ -179,6 +194,7 @@ class Worker:
                 full_batch=1,
             ),
             parts.tenants,
+            reconciler,
         ]
 
     def _shared(self) -> Shared:
