@@ -489,9 +489,9 @@ async def test_d_a_rejected_message_fails_its_waiting_row(
 
     async with JobStore.open(DATABASE_URL, settings.namespace, pool_size=2) as store:
         request = ClaimRequest("refused-1", "echo", "default", "default", {}, 0, 3, None, None)
-        _, mark = await store.insert_job(request, relay_grace=3600)
+        _, mark = await store.jobs.insert_job(request, relay_grace=3600)
         assert mark is not None
-        await store.mark_published([(request.id, mark)])  # as if its publish was confirmed
+        await store.outbox.mark_published([(request.id, mark)])  # as if its publish was confirmed
     async with Client.connect(fleet_settings) as client:
         done = await client.wait((await client.submit("echo", {"value": 1})).id, timeout=20)
     assert done.status == "succeeded"
