@@ -47,7 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("--namespace", help="overrides COLDBREW_NAMESPACE")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_job_commands(sub)
+    _add_inspection_commands(sub)
+    _add_fleet_commands(sub)
+    _add_service_commands(sub)
+    return parser
 
+
+Subparsers = argparse._SubParsersAction  # the type add_subparsers() returns
+
+
+def _add_job_commands(sub: Subparsers[_Parser]) -> None:
+    """Run the daemon, create the schema, submit, look at and cancel a job."""
     worker = sub.add_parser("worker", help="run the daemon for the jobs registered on APP")
     worker.add_argument("app", metavar="MODULE:APP")
     worker.add_argument("--concurrency", type=int, help="overrides COLDBREW_CONCURRENCY")
@@ -75,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("job_id")
     cancel.add_argument("--reason", default="cancelled from the command line")
 
+
+def _add_inspection_commands(sub: Subparsers[_Parser]) -> None:
+    """What waits and what died: stats per queue and tenant, the dead letters."""
     stats = sub.add_parser(
         "stats", help="depth, oldest age, drain rate and estimated wait per queue and tenant"
     )
@@ -101,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--limit", type=int, default=100)
     replay.add_argument("--attempts", type=int, help="fresh attempts (COLDBREW_MAX_ATTEMPTS)")
 
+
+def _add_fleet_commands(sub: Subparsers[_Parser]) -> None:
+    """The fleet-wide settings: tenants' weights, pauses and caps, job types' caps."""
     tenants = sub.add_parser("tenants", help="list tenants, set weights, pause and resume")
     tenants_sub = tenants.add_subparsers(
         dest="tenants_command", required=True, parser_class=_Parser
@@ -127,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-running", metavar="N|none", required=True, help="the cap (none: no cap)"
     )
 
+
+def _add_service_commands(sub: Subparsers[_Parser]) -> None:
+    """The HTTP API, and the demo."""
     api = sub.add_parser("api", help="the HTTP API (COLDBREW_API_HOST:COLDBREW_API_PORT)")
     api.add_argument("--host", help="overrides COLDBREW_API_HOST")
     api.add_argument("--port", type=int, help="overrides COLDBREW_API_PORT")
@@ -136,7 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="a self-contained tour on the local broker and database")
     demo.add_argument("--keep", action="store_true", help="keep the demo's schema and queues")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -305,6 +324,15 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
             ]
         )
         return EXIT_OK
+    _print_stats_table(table)
+    if not rows:
+        print("(no jobs)")
+    for line in unserved_lanes(rows, consumers, settings.reconcile_seconds):
+        print(line)
+    return EXIT_OK
+
+
+def _print_stats_table(table: list[tuple[Any, int, float | None, float | None]]) -> None:
     header = (
         f"{'queue':<12} {'tenant':<20} {'queued':>7} {'running':>7} {'retrying':>8} "
         f"{'dead':>5} {'failed':>6} {'oldest':>9} {'drain/s':>8} {'est. wait':>9}"
@@ -318,11 +346,6 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
             f"{row.retrying:>8} {row.dead:>5} {row.failed:>6} {row.oldest_waiting_seconds:>8.1f}s "
             f"{rate_text:>8} {wait_text:>9}"
         )
-    if not rows:
-        print("(no jobs)")
-    for line in unserved_lanes(rows, consumers, settings.reconcile_seconds):
-        print(line)
-    return EXIT_OK
 
 
 def unserved_lanes(

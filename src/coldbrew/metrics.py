@@ -112,6 +112,7 @@ class Metrics:
         self._init_job_metrics(registry)
         self._init_delivery_metrics(registry)
         self._init_fleet_metrics(registry)
+        self._init_intake_metrics(registry)
         self._init_reconcile_metrics(registry)
         self._handles: dict[tuple[str, str], JobHandles] = {}
         # Known label values exist from the start, so rate() sees the first increment.
@@ -174,6 +175,7 @@ class Metrics:
         )
 
     def _init_fleet_metrics(self, reg: CollectorRegistry) -> None:
+        """Leases, the relay, tenant provisioning: this worker's part in the fleet's upkeep."""
         self.lease_extensions = Counter(
             "coldbrew_lease_extensions_total", "Leases extended by heartbeats.", registry=reg
         )
@@ -198,6 +200,8 @@ class Metrics:
             "Tenant queues this worker declared on first use.",
             registry=reg,
         )
+    def _init_intake_metrics(self, reg: CollectorRegistry) -> None:
+        """What happens to deliveries before they run: clamped, capped, handed back, swept."""
         self.priority_clamped = Counter(
             "coldbrew_priority_clamped_total",
             "Messages whose priority was outside 0-9 and was clamped.",
