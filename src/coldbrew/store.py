@@ -640,8 +640,23 @@ class JobStore:
     async def list_rejected(self, reason_contains: str | None, limit: int) -> list[asyncpg.Record]:
         return await self._fetch("list_rejected", reason_contains, limit)
 
-    async def reap_expired(self, limit: int = 500) -> list[asyncpg.Record]:
-        return await self._fetch("reap_expired", limit)
+    async def reap_expired(
+        self,
+        limit: int = 500,
+        *,
+        contact: datetime | None = None,
+        max_gap: float = 5.0,
+        lease_seconds: float | None = None,
+    ) -> list[asyncpg.Record]:
+        """Reap expired leases, unless an outage may have expired them (``reap_expired`` SQL).
+
+        ``contact`` is the server time the caller read just before (the reaper's
+        ``server_clock``); without it, it is read here first.
+        """
+        if contact is None:
+            contact = (await self.server_clock())[0]
+        lease = self.lease_seconds if lease_seconds is None else lease_seconds
+        return await self._fetch("reap_expired", limit, lease, contact, max_gap)
 
     async def take_due_publishes(self, limit: int, retry_after: float) -> list[DuePublish]:
         await self._execute("clear_stale_publish_marks", limit)
@@ -792,6 +807,144 @@ class JobStore:
             if not conn.is_closed():
                 await conn.close(timeout=5)
 
+    # --- worker liveness ------------------------------------------------------------------
+    # The liveness session is a dedicated connection (never a pooled one: the pool's
+    # reset query runs pg_advisory_unlock_all()), passed back in by its owner,
+    # worker/liveness.py. Errors are translated as everywhere else in the store.
+
+    async def server_clock(self) -> tuple[datetime, datetime]:
+        """The server's ``now()`` and start time (a restart changes the latter)."""
+        row = await self._fetchrow("server_clock")
+        assert row is not None  # a SELECT without FROM returns one row
+        return row["now"], row["server_started"]
+
+    async def open_liveness_session(
+        self, worker_id: str, *, keepalive_seconds: float
+    ) -> asyncpg.Connection:
+        """A dedicated connection for a worker's liveness lock.
+
+        Server-side TCP keepalives end the session of a worker whose host
+        vanished without closing its connection (no FIN) after about
+        ``keepalive_seconds``, so its lock does not linger for the kernel's two
+        hours; they are set near the lease, so that a worker cut off for less
+        than that keeps its lock, as it keeps its leases.
+        """
+        idle = max(1, round(keepalive_seconds * 2 / 3))
+        interval = max(1, round(keepalive_seconds / 9))
+        settings = {
+            **connection_settings(self.namespace),
+            "application_name": f"coldbrew:{self.namespace}:liveness:{worker_id}"[:63],
+            "tcp_keepalives_idle": str(idle),
+            "tcp_keepalives_interval": str(interval),
+            "tcp_keepalives_count": "3",
+        }
+        try:
+            return await asyncpg.connect(
+                self._dsn, server_settings=settings, timeout=10, command_timeout=30
+            )
+        except (*CONNECTION_ERRORS, asyncpg.TooManyConnectionsError) as exc:
+            raise DatabaseUnavailable(f"PostgreSQL at {mask_url(self._dsn)}: {exc}") from exc
+
+    async def _on(self, op: Callable[[], Awaitable[T]]) -> T:
+        """Run ``op`` on a dedicated connection, translating the driver's errors."""
+        try:
+            return await op()
+        except CONNECTION_ERRORS as exc:
+            raise DatabaseUnavailable(f"PostgreSQL at {mask_url(self._dsn)}: {exc}") from exc
+        except asyncpg.TransactionRollbackError as exc:
+            raise _transient(exc) from exc
+        except asyncpg.LockNotAvailableError as exc:
+            raise TransientDatabaseError(
+                f"PostgreSQL: a row stayed locked past the lock timeout ({exc}); retrying"
+            ) from exc
+
+    async def take_worker_lock(self, conn: asyncpg.Connection, worker_id: str) -> WorkerLock:
+        """Try to take the worker's liveness lock in ``conn``'s session (never waits)."""
+        row = await self._on(lambda: conn.fetchrow(QUERIES["take_worker_lock"].text, worker_id))
+        return WorkerLock(row["locked"], row["holder"], row["backend_pid"], row["server_started"])
+
+    async def terminate_backend(self, conn: asyncpg.Connection, pid: int) -> bool:
+        """End the server session ``pid`` (this worker's own, left behind by an outage)."""
+        return bool(await self._on(lambda: conn.fetchval(QUERIES["terminate_backend"].text, pid)))
+
+    async def register_worker(
+        self, conn: asyncpg.Connection, info: WorkerInfo, jobs_in_flight: int
+    ) -> datetime:
+        """Record the worker (or refresh its row) from its liveness session; its start time."""
+        started: datetime = await self._on(
+            lambda: conn.fetchval(
+                QUERIES["register_worker"].text,
+                info.id,
+                info.instance,
+                info.host,
+                info.pid,
+                info.version,
+                list(info.lanes),
+                info.concurrency,
+                jobs_in_flight,
+            )
+        )
+        return started
+
+    async def worker_heartbeat(
+        self,
+        conn: asyncpg.Connection,
+        info: WorkerInfo,
+        jobs_in_flight: int,
+        *,
+        grace: float,
+        lease_seconds: float,
+    ) -> WorkerBeat:
+        """Refresh the worker's heartbeat and find the workers that look dead, in one statement."""
+        row = await self._on(
+            lambda: conn.fetchrow(
+                QUERIES["worker_heartbeat"].text,
+                info.id,
+                info.instance,
+                jobs_in_flight,
+                grace,
+                lease_seconds,
+            )
+        )
+        return WorkerBeat(row["registered"], row["locked"], list(row["dead"]))
+
+    async def release_dead_workers(
+        self, conn: asyncpg.Connection, ids: Sequence[str], *, grace: float, lease_seconds: float
+    ) -> tuple[list[asyncpg.Record], list[asyncpg.Record]]:
+        """Remove the rows of workers that are still dead and release their running jobs,
+        in one transaction; returns ``(removed workers, released jobs)``."""
+
+        async def op() -> tuple[list[asyncpg.Record], list[asyncpg.Record]]:
+            async with conn.transaction():
+                await conn.execute(QUERIES["liveness_lock_timeout"].text, "5s")
+                removed = await conn.fetch(
+                    QUERIES["remove_dead_workers"].text, list(ids), grace, lease_seconds
+                )
+                if not removed:
+                    return [], []
+                released = await conn.fetch(
+                    QUERIES["release_worker_jobs"].text, [row["id"] for row in removed]
+                )
+                return removed, released
+
+        return await self._on(op)
+
+    async def release_worker_jobs(
+        self, conn: asyncpg.Connection, ids: Sequence[str]
+    ) -> list[asyncpg.Record]:
+        """Release the running jobs of these (dead) workers: due again at once."""
+        return await self._on(lambda: conn.fetch(QUERIES["release_worker_jobs"].text, list(ids)))
+
+    async def unregister_worker(self, conn: asyncpg.Connection, info: WorkerInfo) -> None:
+        """Remove the worker's own row (a clean stop)."""
+        await self._on(
+            lambda: conn.execute(QUERIES["unregister_worker"].text, info.id, info.instance)
+        )
+
+    async def list_workers(self) -> list[WorkerRow]:
+        """Every registered worker, oldest first, with whether its liveness lock is held."""
+        return [WorkerRow.from_row(row) for row in await self._fetch("list_workers")]
+
 
 async def _notify_settings_changed(conn: asyncpg.Connection, channel: str) -> None:
     """NOTIFY ``tenants-changed`` (delivered when the caller's transaction commits)."""
@@ -866,3 +1019,87 @@ def _waiting_args(r: ClaimRequest) -> tuple[Any, ...]:
 def _vanished(job_id: str) -> ClaimResult:
     """A claim that found no row at all: another worker's insert is still in flight."""
     return ClaimResult(job_id, False, "unknown", 0, 0, None, None, None)
+
+
+# --- worker liveness ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """Who a worker is, as its ``workers`` row says; ``instance`` is new for every run, so a
+    worker restarted under the same id is told from the process that wrote the row."""
+
+    id: str
+    instance: str
+    host: str
+    pid: int
+    version: str
+    lanes: tuple[str, ...]
+    concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLock:
+    """``take_worker_lock``'s answer: held now, or the server pid of the session holding it."""
+
+    locked: bool
+    holder: int | None
+    backend_pid: int
+    server_started: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBeat:
+    """One liveness tick: our row exists, our session holds our lock, who looks dead."""
+
+    registered: bool
+    locked: bool
+    dead: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """A ``workers`` row for ``coldbrew workers`` and the dashboard."""
+
+    id: str
+    host: str
+    pid: int
+    version: str
+    lanes: list[str]
+    concurrency: int
+    jobs_in_flight: int
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age_seconds: float
+    alive: bool
+
+    @classmethod
+    def from_row(cls, row: Any) -> WorkerRow:
+        return cls(
+            row["id"],
+            row["host"],
+            row["pid"],
+            row["version"],
+            list(row["lanes"]),
+            row["concurrency"],
+            row["jobs_in_flight"],
+            row["started_at"],
+            row["heartbeat_at"],
+            row["heartbeat_age_seconds"],
+            row["alive"],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "host": self.host,
+            "pid": self.pid,
+            "version": self.version,
+            "lanes": self.lanes,
+            "concurrency": self.concurrency,
+            "jobs_in_flight": self.jobs_in_flight,
+            "started_at": self.started_at.isoformat(),
+            "heartbeat_at": self.heartbeat_at.isoformat(),
+            "heartbeat_age_seconds": round(self.heartbeat_age_seconds, 3),
+            "alive": self.alive,
+        }

@@ -44,6 +44,7 @@ class Fleet:
     logs_dir: Path
     workers: list[WorkerProcess] = field(default_factory=list)
     events: list[tuple[float, str, int]] = field(default_factory=list)  # (time, what, pid)
+    app: str = FAULT_APP
 
     def env(self, port: int) -> dict[str, str]:
         env = worker_env(
@@ -60,7 +61,7 @@ class Fleet:
         log = self.logs_dir / f"worker-{len(self.events)}-{port}.log"
         with log.open("wb") as sink:
             process = subprocess.Popen(  # noqa: S603 - our own CLI
-                [sys.executable, "-m", "coldbrew", "worker", FAULT_APP],
+                [sys.executable, "-m", "coldbrew", "worker", self.app],
                 env=self.env(port),
                 stdout=sink,
                 stderr=subprocess.STDOUT,

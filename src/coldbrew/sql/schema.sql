@@ -89,3 +89,18 @@ CREATE TABLE rejected_messages (
     body         bytea NOT NULL,
     received_at  timestamptz NOT NULL DEFAULT now()
 );
+
+CREATE TABLE workers (
+    id              text PRIMARY KEY,
+    instance        text NOT NULL,
+    host            text NOT NULL,
+    pid             integer NOT NULL,
+    version         text NOT NULL,
+    lanes           text[] NOT NULL,
+    concurrency     integer NOT NULL,
+    jobs_in_flight  integer NOT NULL DEFAULT 0,
+    backend_pid     integer NOT NULL,
+    server_started  timestamptz NOT NULL,
+    started_at      timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at    timestamptz NOT NULL DEFAULT now()
+);
