@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +226,31 @@ async def verdict(fleet: Fleet, ids: list[str], rerun_ok: set[str]) -> Verdict:
     return Verdict(statuses, double, lost)
 
 
+def counters(fleet: Fleet, *names: str) -> dict[str, float]:
+    """The sum over the fleet's live workers of each counter sample named (with labels)."""
+    totals = dict.fromkeys(names, 0.0)
+    for worker in fleet.workers:
+        if worker.process.poll() is not None:
+            continue
+        url = f"http://127.0.0.1:{worker.port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - our worker
+            text = response.read().decode()
+        for line in text.splitlines():
+            sample, _, value = line.rpartition(" ")
+            if sample in totals:
+                totals[sample] += float(value)
+    return totals
+
+
+COUNTERS = (
+    'coldbrew_redeliveries_total{cause="duplicate"}',
+    'coldbrew_redeliveries_total{cause="lease_expired"}',
+    'coldbrew_redeliveries_total{cause="worker_lost"}',
+    "coldbrew_leases_lost_total",
+    "coldbrew_workers_lost_total",
+)
+
+
 def assert_all_alive(fleet: Fleet) -> None:
     for worker in fleet.workers:
         code = worker.process.poll()
@@ -285,6 +311,7 @@ async def test_kill_9_recovery_with_the_default_lease(
     await wait_terminal(fleet.settings, ids, timeout=60)
     result = await verdict(fleet, ids, rerun_ok=on_victim)
     workers_left = await registered_workers(fleet.settings)
+    seen = await asyncio.to_thread(counters, fleet, *COUNTERS)
     report(
         capsys,
         "kill-9",
@@ -296,10 +323,15 @@ async def test_kill_9_recovery_with_the_default_lease(
         statuses=result.statuses,
         double_runs=len(result.double_runs),
         workers_registered=workers_left,
+        counters=seen,
     )
     assert len(on_victim) >= 10, "the killed worker held too few jobs to measure"
     assert not result.lost and not result.double_runs, result
     assert percentile(recoveries, 99) <= KILL_RECOVERY_P99
+    # found through its session, not its leases
+    assert seen["coldbrew_workers_lost_total"] == 1, seen
+    assert seen['coldbrew_redeliveries_total{cause="worker_lost"}'] == len(on_victim), seen
+    assert seen['coldbrew_redeliveries_total{cause="lease_expired"}'] == 0, seen
     # worker ids are the default <host>-<pid>; the dead one's row is gone
     assert sorted(workers_left) == sorted(f"{socket.gethostname()}-{w.pid}" for w in fleet.workers)
 
@@ -356,8 +388,13 @@ async def run_outage(
     if late is not None:
         await asyncio.sleep(LATE_SECONDS)
         fleet.kill(late, signal.SIGCONT)
-    took = await wait_terminal(fleet.settings, ids, timeout=AFTER_RETURN_BOUND + 30)
+    # the jobs that finished during the outage: their outcome writes waited it out
+    await wait_terminal(fleet.settings, ids[0::2], timeout=AFTER_RETURN_BOUND + 30)
+    written = time.monotonic() - up_at
+    await wait_terminal(fleet.settings, ids, timeout=AFTER_RETURN_BOUND + 30)
+    took = time.monotonic() - up_at
     result = await verdict(fleet, ids, rerun_ok=set())
+    seen = await asyncio.to_thread(counters, fleet, *COUNTERS)
     finished_during = sum(
         1 for job in attempts(fleet.effects_dir).values() for a in job.values() if a["done"]
     )
@@ -368,17 +405,21 @@ async def run_outage(
         jobs=len(ids),
         down_s=round(up_at - down_at, 1),
         stop_took_s=round(stopped_in, 1),
+        outcomes_written_after_return_s=round(written, 1),
         terminal_after_return_s=round(took, 1),
         statuses=result.statuses,
         double_runs=len(result.double_runs),
         lost=len(result.lost),
         effects_done=finished_during,
         late_worker_s=LATE_SECONDS if late_worker else 0,
+        counters=seen,
     )
     assert up_at - down_at >= OUTAGE_SECONDS
     assert not result.double_runs, f"jobs that ran twice: {result.double_runs}"
     assert not result.lost, f"jobs that did not succeed: {result.lost}"
     assert took <= AFTER_RETURN_BOUND
+    assert seen["coldbrew_leases_lost_total"] == 0, seen  # no worker lost a job it ran
+    assert seen['coldbrew_redeliveries_total{cause="lease_expired"}'] == 0, seen
     assert_all_alive(fleet)
     await still_flowing(fleet)
 
