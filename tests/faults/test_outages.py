@@ -45,6 +45,7 @@ OUTAGE_SECONDS = 60.0
 AFTER_RETURN_BOUND = 30.0
 KILL_RECOVERY_P99 = 2.0
 LATE_SECONDS = 4.0
+FREEZE_SECONDS = 30.0
 
 # the defaults of Settings, which tests/conftest.make_settings shortens
 DEFAULT_TIMING: dict[str, Any] = {
@@ -353,8 +354,11 @@ async def run_outage(
     service: str,
     *,
     late_worker: bool,
+    how: tuple[str, str] = ("stop", "start"),
+    seconds: float = OUTAGE_SECONDS,
 ) -> None:
-    """40 jobs running (half end during the outage, half after it), ``service`` down 60 s.
+    """40 jobs running (half end during the outage, half after it), ``service`` down for
+    ``seconds`` (``how``: the private-services verbs that take it down and back up).
 
     With ``late_worker``, one worker is frozen (SIGSTOP) from just before the service
     returns until LATE_SECONDS after: a worker slow to reconnect. Its leases expired
@@ -373,17 +377,17 @@ async def run_outage(
         shutdown_grace_seconds=5.0,
     )
     await fleet.start(2)
-    ids = await submit(fleet, [20.0, 80.0] * 20)
+    ids = await submit(fleet, [seconds / 3, seconds + 20.0] * 20)
     await wait_for(lambda: len(attempts(fleet.effects_dir)) == len(ids), 30, "every job started")
     late = fleet.workers[0] if late_worker else None
     down_at = time.monotonic()
-    await asyncio.to_thread(private.control, f"stop-{service}")
+    await asyncio.to_thread(private.control, f"{how[0]}-{service}")
     stopped_in = time.monotonic() - down_at
-    await asyncio.sleep(max(0.0, OUTAGE_SECONDS - 1.0 - (time.monotonic() - down_at)))
+    await asyncio.sleep(max(0.0, seconds - 1.0 - (time.monotonic() - down_at)))
     if late is not None:  # frozen over the return: it reconnects only LATE_SECONDS after
         fleet.kill(late, signal.SIGSTOP)
-    await asyncio.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - down_at)))
-    await asyncio.to_thread(private.control, f"start-{service}")
+    await asyncio.sleep(max(0.0, seconds - (time.monotonic() - down_at)))
+    await asyncio.to_thread(private.control, f"{how[1]}-{service}")
     up_at = time.monotonic()
     if late is not None:
         await asyncio.sleep(LATE_SECONDS)
@@ -400,7 +404,7 @@ async def run_outage(
     )
     report(
         capsys,
-        f"{service}-down",
+        f"{service}-{how[0]}",
         lease_s=fleet.settings.lease_seconds,
         jobs=len(ids),
         down_s=round(up_at - down_at, 1),
@@ -414,7 +418,7 @@ async def run_outage(
         late_worker_s=LATE_SECONDS if late_worker else 0,
         counters=seen,
     )
-    assert up_at - down_at >= OUTAGE_SECONDS
+    assert up_at - down_at >= seconds
     assert not result.double_runs, f"jobs that ran twice: {result.double_runs}"
     assert not result.lost, f"jobs that did not succeed: {result.lost}"
     assert took <= AFTER_RETURN_BOUND
@@ -430,6 +434,23 @@ async def test_postgres_down_60_s_reruns_nothing(
     """PostgreSQL stopped 60 s (6x the 10 s lease) under 40 running jobs: none runs twice,
     none is lost, all terminal within 30 s of its return, no worker exits."""
     await run_outage(outage_fleet, capsys, private, "postgres", late_worker=True)
+
+
+async def test_postgres_frozen_30_s_reruns_nothing(
+    outage_fleet: Fleet, private: Private, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PostgreSQL frozen 30 s (SIGSTOP: no connection closes, the server does not restart,
+    statements sent meanwhile run when it thaws, as after a network partition): the same.
+    Only the reapers' own lost contact tells this outage, not the server's start time."""
+    await run_outage(
+        outage_fleet,
+        capsys,
+        private,
+        "postgres",
+        late_worker=True,
+        how=("freeze", "thaw"),
+        seconds=FREEZE_SECONDS,
+    )
 
 
 async def test_rabbitmq_down_60_s_reruns_nothing(
