@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import pytest
@@ -23,12 +24,13 @@ from prometheus_client import CollectorRegistry
 from coldbrew.api.auth import KeyRing
 from coldbrew.client import Client
 from coldbrew.errors import ConfigurationError
+from coldbrew.jobstate import InFlight
 from coldbrew.metrics import Metrics
 from coldbrew.settings import Settings
 from coldbrew.store import JobStore
-from coldbrew.worker.liveness import coldbrew_version
+from coldbrew.worker.liveness import Liveness, coldbrew_version
 from coldbrew.worker.reaper import Reaper
-from tests.conftest import DATABASE_URL, WorkerFactory, wait_until
+from tests.conftest import DATABASE_URL, WorkerFactory, make_settings, wait_until
 from tests.e2e.test_cli import cli_env, run_cli
 from tests.integration.test_api import ACME, api_client
 
@@ -276,3 +278,80 @@ async def test_store_lists_nothing_without_workers(settings: Settings) -> None:
     """A namespace where no worker ever ran lists no workers."""
     async with JobStore.open(DATABASE_URL, settings.namespace, pool_size=2) as store:
         assert await store.list_workers() == []
+
+
+@pytest.fixture
+async def liveness(settings: Settings) -> AsyncIterator[Liveness]:
+    """A worker's liveness part on its own (no jobs), registered as ``lone``."""
+    lone = make_settings(settings.namespace, worker_id="lone")
+    async with JobStore.open(DATABASE_URL, settings.namespace, pool_size=2) as store:
+
+        async def publish_due() -> int:
+            return 0
+
+        async def on_released(rows: Any, cause: str) -> None:
+            return None
+
+        part = Liveness(
+            settings=lone,
+            store=store,
+            lanes=["default"],
+            inflight=InFlight(),
+            metrics=Metrics(CollectorRegistry()),
+            publish_due=publish_due,
+            on_released=on_released,
+        )
+        await part.open()
+        try:
+            yield part
+        finally:
+            await part.close()
+
+
+async def lock_holder(db: asyncpg.Connection, namespace: str, worker_id: str) -> int | None:
+    holder: int | None = await db.fetchval(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+        " AND (classid::int8 << 32) | objid::int8 = hashtextextended($1, 0)",
+        f"{namespace}:worker:{worker_id}",
+    )
+    return holder
+
+
+async def test_a_session_the_server_kept_is_ended_and_the_lock_taken_back(
+    liveness: Liveness, db: asyncpg.Connection, settings: Settings
+) -> None:
+    """The worker gave up on its session (a timeout in a network outage) but the server still
+    keeps it, holding the lock: the new session refreshes the row, ends the old one, and holds
+    the lock; meanwhile the worker never looked dead (the lock was never free)."""
+    old = await lock_holder(db, settings.namespace, "lone")
+    assert old is not None
+    liveness._session_broke()  # what a timed-out statement does
+    assert await lock_holder(db, settings.namespace, "lone") == old  # kept, not closed
+    await liveness.tick()
+    new = await lock_holder(db, settings.namespace, "lone")
+    assert new is not None and new != old
+    assert await db.fetchval("SELECT backend_pid FROM workers WHERE id = 'lone'") == new
+    await wait_until(lambda: _backend_gone(db, old))
+
+
+async def _backend_gone(db: asyncpg.Connection, pid: int) -> bool:
+    return not await db.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
+
+
+async def test_after_its_own_session_broke_a_worker_releases_nobody_for_a_lease(
+    liveness: Liveness, db: asyncpg.Connection
+) -> None:
+    """A worker whose liveness session ended was cut off too, like the others may have been:
+    once back, it takes no one for dead for a lease (here 4 s), then it does."""
+    assert liveness._conn is not None
+    liveness._conn.terminate()  # our own session ends (the server frees our lock)
+    await db.execute(WORKER_ROW, "ghost", None)
+    back = time.monotonic()
+    await liveness.tick()  # reconnects, takes its lock back
+    await liveness.tick()
+    assert "ghost" in await registered(db)
+    while "ghost" in await registered(db):
+        assert time.monotonic() - back < 10, "the dead row was never removed"
+        await asyncio.sleep(0.2)
+        await liveness.tick()
+    assert time.monotonic() - back >= liveness.lease - 0.1

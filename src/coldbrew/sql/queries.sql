@@ -474,8 +474,8 @@ SELECT got.locked,
 FROM got;
 
 -- name: terminate_backend
--- End this worker's own earlier liveness session that the server still keeps (a network outage left it behind, holding the lock), waiting up to 5 s for it to exit ($1 server pid)
-SELECT pg_terminate_backend($1::int, 5000) AS terminated;
+-- End this worker's own earlier liveness session that the server still keeps (a network outage left it behind, holding the lock); it exits, and frees the lock, a moment later ($1 server pid)
+SELECT pg_terminate_backend($1::int) AS terminated;
 
 -- name: register_worker
 -- Record this worker under its lock, or refresh its row after a reconnect: who it is, where its liveness session lives, a fresh heartbeat; returns when it started ($1 id, $2 instance, $3 host, $4 pid, $5 version, $6 lanes, $7 concurrency, $8 jobs in flight)

@@ -110,8 +110,7 @@ class Liveness:
         # until a new session holds the lock, so the lock is never free in between
         self._left_behind: asyncpg.Connection | None = None
         self._own_backend: int | None = None  # server pid of the session holding our lock
-        self._outage = False  # the session broke: hold releases for a lease once back
-        self._hold_until = 0.0  # monotonic
+        self._hold_until = 0.0  # monotonic: release nobody before (a lease after a reconnect)
         self._warned_hold = False
         self._key: tuple[str, str] | None = None  # in _held_here while registered
 
@@ -228,7 +227,6 @@ class Liveness:
 
     def _session_broke(self) -> None:
         conn, self._conn = self._conn, None
-        self._outage = True
         if conn is None or conn.is_closed():
             return
         if conn.get_server_pid() == self._own_backend:
@@ -250,15 +248,15 @@ class Liveness:
             conn.terminate()
             raise
         self._conn = conn
-        if self._outage:
-            self._outage = False
-            self._hold_until = time.monotonic() + self.lease
-            self._warned_hold = False
-            log.info("liveness_reconnected", worker_id=self.info.id, holds_releases_s=self.lease)
+        # our session broke (a failure, or the server closed it): the others may have been
+        # cut off as well, and need the time to come back
+        self._hold_until = time.monotonic() + self.lease
+        self._warned_hold = False
+        log.info("liveness_reconnected", worker_id=self.info.id, holds_releases_s=self.lease)
         return conn
 
     async def _retake_lock(self, conn: asyncpg.Connection) -> None:
-        for _ in range(3):
+        for _ in range(10):
             lock = await self.store.take_worker_lock(conn, self.info.id)
             if lock.locked:
                 self._own_backend = lock.backend_pid
@@ -271,6 +269,7 @@ class Liveness:
             # our own earlier session, which the server still keeps: end it, then retry
             log.info("ending_own_stale_session", worker_id=self.info.id, backend=lock.holder)
             await self.store.terminate_backend(conn, lock.holder)
+            await asyncio.sleep(0.1)  # the backend exits, and frees the lock, a moment later
         log.error("worker_lock_held_elsewhere", worker_id=self.info.id, holder=lock.holder)
 
     async def _release(self, conn: asyncpg.Connection, dead: Sequence[str]) -> None:
