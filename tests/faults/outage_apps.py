@@ -19,8 +19,12 @@ app = App()
 
 
 def _effect(ctx: Context, what: str) -> None:
-    path = Path(os.environ["FAULT_EFFECTS_DIR"]) / f"{ctx.job_id}.{ctx.attempt}.{what}"
-    path.write_text(f"{os.getpid()} {time.time():.6f}")
+    """Write the record under a hidden name, then rename it: a reader never sees it half done."""
+    effects = Path(os.environ["FAULT_EFFECTS_DIR"])
+    name = f"{ctx.job_id}.{ctx.attempt}.{what}"
+    partial = effects / f".{name}.partial"
+    partial.write_text(f"{os.getpid()} {time.time():.6f}")
+    partial.replace(effects / name)
 
 
 @app.job(max_attempts=10, timeout=600)

@@ -143,6 +143,8 @@ def attempts(effects: Path) -> dict[str, dict[int, dict[str, Any]]]:
     """job id -> attempt -> {"pid", "started", "done"} from the job's effect files."""
     found: dict[str, dict[int, dict[str, Any]]] = {}
     for path in effects.iterdir():
+        if path.name.startswith("."):
+            continue  # being written (outage_apps renames it when complete)
         job, attempt, what = path.name.rsplit(".", 2)
         pid, at = path.read_text().split()
         entry = found.setdefault(job, {}).setdefault(int(attempt), {"done": False})
