@@ -86,7 +86,9 @@ async def start_worker(settings: Settings, test_app: Any) -> AsyncIterator[Worke
     running: list[tuple[Worker, asyncio.Task[None]]] = []
 
     async def start(app: Any = None, **overrides: Any) -> Worker:
-        worker_settings = make_settings(settings.namespace, **overrides) if overrides else settings
+        # workers in one process need ids of their own (each holds its id's liveness lock)
+        overrides.setdefault("worker_id", f"{settings.worker_id}-{len(running) + 1}")
+        worker_settings = make_settings(settings.namespace, **overrides)
         worker = Worker(app or test_app, worker_settings)
         task = asyncio.create_task(worker.run())
         await worker.wait_ready(task)

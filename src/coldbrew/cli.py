@@ -100,6 +100,14 @@ def _add_inspection_commands(sub: Subparsers[_Parser]) -> None:
         help="seconds between the two readings the drain rate comes from (0: skip it)",
     )
 
+    workers = sub.add_parser(
+        "workers", help="the live workers: host, pid, version, lanes, jobs in flight, heartbeat"
+    )
+    workers.add_argument("--json", action="store_true")
+    workers.add_argument(
+        "--all", action="store_true", help="also rows of workers found gone, not yet removed"
+    )
+
     dlq = sub.add_parser("dlq", help="list and replay dead jobs")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=_Parser)
     dlq_list = dlq_sub.add_parser("list", help="dead jobs with their reasons, newest first")
@@ -373,6 +381,34 @@ def unserved_lanes(
     return lines
 
 
+async def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import UTC
+
+    from coldbrew.store import JobStore
+
+    async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
+        await store.check_schema()
+        rows = [w for w in await store.liveness.list_workers() if args.all or w.alive]
+    if args.json:
+        _print_json([row.to_json() for row in rows])
+        return EXIT_OK
+    print(
+        f"{'id':<28} {'host':<20} {'pid':>7} {'version':<9} {'started':<20} "
+        f"{'lanes':<16} {'in flight':>9} {'heartbeat':>10}"
+    )
+    for row in rows:
+        state = "" if row.alive else "  (gone)"
+        print(
+            f"{row.id:<28} {row.host:<20} {row.pid:>7} {row.version:<9} "
+            f"{row.started_at.astimezone(UTC):%Y-%m-%d %H:%M:%SZ}  {','.join(row.lanes):<16} "
+            f"{row.jobs_in_flight:>4}/{row.concurrency:<4} {row.heartbeat_age_seconds:>8.1f}s"
+            f"{state}"
+        )
+    if not rows:
+        print("(no live workers)")
+    return EXIT_OK
+
+
 async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.store import JobStore
 
@@ -538,6 +574,7 @@ HANDLERS: dict[str, Handler] = {
     "status": cmd_status,
     "cancel": cmd_cancel,
     "stats": cmd_stats,
+    "workers": cmd_workers,
     "dlq": cmd_dlq,
     "tenants": cmd_tenants,
     "types": cmd_types,

@@ -57,7 +57,13 @@ OUTCOMES: Final[tuple[Outcome, ...]] = (
     "fenced",
     "released",
 )
-REDELIVERY_CAUSES: Final = ("broker_flag", "aging_sweep", "duplicate", "lease_expired")
+REDELIVERY_CAUSES: Final = (
+    "broker_flag",
+    "aging_sweep",
+    "duplicate",
+    "lease_expired",
+    "worker_lost",
+)
 RELAY_CAUSES: Final = ("submission", "retry", "lease_expired", "replay")
 RECONCILE_RULES: Final = ("count", "idle")
 BreakerState = Literal["closed", "half_open", "open"]
@@ -182,6 +188,12 @@ class Metrics:
         self.leases_lost = Counter(
             "coldbrew_leases_lost_total",
             "In-flight jobs whose lease this worker no longer holds.",
+            registry=reg,
+        )
+        self.workers_lost = Counter(
+            "coldbrew_workers_lost_total",
+            "Workers this worker found dead (their PostgreSQL session ended) and whose "
+            "running jobs it released at once.",
             registry=reg,
         )
         self.heartbeat_lag = Gauge(

@@ -131,6 +131,8 @@ class Settings(BaseSettings):
     claim_barrier_seconds: Annotated[float, Field(ge=0, le=60)] = 0.005
     heartbeat_seconds: Annotated[float, Field(gt=0)] = 10.0
     reaper_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+    liveness_seconds: Annotated[float, Field(ge=0, le=60)] = 0.5
+    liveness_grace_seconds: Annotated[float, Field(gt=0, le=600)] = 1.0
     relay_interval_seconds: Annotated[float, Field(gt=0)] = 1.0
     relay_grace_seconds: Annotated[float, Field(ge=0)] = 10.0
     progress_flush_seconds: Annotated[float, Field(gt=0)] = 1.0
@@ -252,6 +254,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"COLDBREW_HEARTBEAT_SECONDS ({self.heartbeat_seconds:g}) must be less than "
                 f"half of COLDBREW_LEASE_SECONDS ({self.lease_seconds:g})"
+            )
+        if self.liveness_seconds and not (
+            2 * self.liveness_seconds <= self.liveness_grace_seconds < self.lease_seconds
+        ):
+            raise ValueError(
+                f"COLDBREW_LIVENESS_GRACE_SECONDS ({self.liveness_grace_seconds:g}) must be at "
+                f"least twice COLDBREW_LIVENESS_SECONDS ({self.liveness_seconds:g}) and less "
+                f"than COLDBREW_LEASE_SECONDS ({self.lease_seconds:g})"
             )
         if self.retry_base_seconds > self.retry_max_seconds:
             raise ValueError(

@@ -45,6 +45,7 @@ class Fleet:
     workers: list[WorkerProcess] = field(default_factory=list)
     app: str = FAULT_APP
     events: list[tuple[float, str, int]] = field(default_factory=list)  # (time, what, pid)
+    app: str = FAULT_APP
 
     def env(self, port: int) -> dict[str, str]:
         env = worker_env(

@@ -243,6 +243,15 @@ def test_effective_prefetch_is_small_per_tenant_queue(monkeypatch: pytest.Monkey
             {"COLDBREW_RETRY_BASE_SECONDS": "700"},
             ["COLDBREW_RETRY_BASE_SECONDS", "COLDBREW_RETRY_MAX_SECONDS"],
         ),
+        ({"COLDBREW_LIVENESS_SECONDS": "-1"}, ["COLDBREW_LIVENESS_SECONDS"]),
+        (
+            {"COLDBREW_LIVENESS_SECONDS": "1", "COLDBREW_LIVENESS_GRACE_SECONDS": "1.5"},
+            ["COLDBREW_LIVENESS_GRACE_SECONDS", "COLDBREW_LIVENESS_SECONDS"],
+        ),
+        (
+            {"COLDBREW_LIVENESS_GRACE_SECONDS": "30"},
+            ["COLDBREW_LIVENESS_GRACE_SECONDS", "COLDBREW_LEASE_SECONDS"],
+        ),
     ],
 )
 def test_invalid_value_names_the_variable(
@@ -263,6 +272,14 @@ def test_heartbeat_exactly_half_the_lease_is_refused(monkeypatch: pytest.MonkeyP
     assert "COLDBREW_HEARTBEAT_SECONDS" in message
     monkeypatch.setenv("COLDBREW_HEARTBEAT_SECONDS", "9.9")
     assert load_settings().heartbeat_seconds == 9.9
+
+
+def test_liveness_off_lifts_its_timing_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With COLDBREW_LIVENESS_SECONDS=0 (off) the grace is not checked against it."""
+    monkeypatch.setenv("COLDBREW_LIVENESS_GRACE_SECONDS", "0.1")
+    assert "COLDBREW_LIVENESS_GRACE_SECONDS" in config_error(monkeypatch)
+    monkeypatch.setenv("COLDBREW_LIVENESS_SECONDS", "0")
+    assert load_settings().liveness_seconds == 0
 
 
 def test_amqps_and_postgres_schemes_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import UTC, datetime
 
 from coldbrew.api import render
 from coldbrew.api.overview import DeadJob, Lane, Overview
-from coldbrew.store import QueueStats, TenantSettings
+from coldbrew.store import QueueStats, TenantSettings, WorkerRow
 
 XSS = '<script>alert("x")</script>'
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -45,3 +46,19 @@ def test_waits_read_as_people_say_them() -> None:
         "10.0 min",
         "2.0 h",
     ]
+
+
+def test_workers_are_escaped_and_their_load_shown_only_to_every_tenant() -> None:
+    """Worker ids, hosts, versions and lanes never become markup; a tenant's page has no
+    jobs-in-flight column (that would show the other tenants' load)."""
+    worker = WorkerRow(XSS, XSS, 42, XSS, [XSS], 10, 7, NOW, NOW, 1.5, True)
+    base = overview()
+    for tenant, shows in ((XSS, False), (None, True)):
+        page = render.dashboard_page(
+            dataclasses.replace(base, tenant=tenant, workers=[worker]), signed_in=False
+        )
+        assert "<script" not in page
+        section = page.split("<h2>Workers</h2>", 1)[1]
+        assert section.count("&lt;script&gt;") == 4  # id, host, version, lanes
+        assert ("jobs in flight" in section) is shows
+        assert "1.5 s ago" in section

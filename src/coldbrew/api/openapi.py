@@ -150,7 +150,15 @@ _LANE_SCHEMA: dict[str, Any] = {
 
 _DASHBOARD_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["tenant", "generated_at", "lanes", "tenants", "dead_jobs", "rejected"],
+    "required": [
+        "tenant",
+        "generated_at",
+        "lanes",
+        "tenants",
+        "dead_jobs",
+        "rejected",
+        "workers",
+    ],
     "properties": {
         "tenant": {
             "type": ["string", "null"],
@@ -193,6 +201,27 @@ _DASHBOARD_SCHEMA: dict[str, Any] = {
             "additionalProperties": {"type": "integer"},
             "description": "rejected messages by reason (for a key: routed to its tenant)",
         },
+        "workers": {
+            "type": "array",
+            "description": "the live workers (their liveness lock is held), oldest first; "
+            "jobs_in_flight only when auth is off (a key sees no other tenant's load)",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string"},
+                    "host": {"type": "string"},
+                    "pid": {"type": "integer"},
+                    "version": {"type": "string"},
+                    "lanes": {"type": "array", "items": {"type": "string"}},
+                    "concurrency": {"type": "integer"},
+                    "jobs_in_flight": {"type": "integer"},
+                    "started_at": {"type": "string", "format": "date-time"},
+                    "heartbeat_at": {"type": "string", "format": "date-time"},
+                    "heartbeat_age_seconds": {"type": "number"},
+                    "alive": {"type": "boolean"},
+                },
+            },
+        },
     },
 }
 
@@ -206,7 +235,8 @@ _DASHBOARD_PATHS: dict[str, Any] = {
     },
     "/dashboard": {
         "get": {
-            "summary": "The web dashboard (HTML): lanes, tenants, dead jobs, rejected messages",
+            "summary": "The web dashboard (HTML): lanes, tenants, dead jobs, rejected messages, "
+            "workers",
             "description": "Authenticated by the login cookie or a Bearer key; "
             "shows only the key's tenant. Reloads itself every 5 s.",
             "responses": {"200": {"description": "The page.", "content": _HTML}, **_TO_LOGIN},

@@ -1,24 +1,27 @@
-"""What the dashboard shows, gathered for one principal: lanes, tenants, dead jobs, rejections.
+"""What the dashboard shows, gathered for one principal: lanes, tenants, dead jobs, rejections,
+and the live workers.
 
 Every read is scoped to the caller's tenant in SQL (or, for the small tenants
 table, filtered right after the read), so another tenant's rows never reach
-the renderer. The drain rate is the change of the finished-jobs counters
-between dashboard loads (``stats.DrainRates``), so it appears from the second
-load on, as with ``coldbrew stats --sample``.
+the renderer. Workers serve every tenant: a tenant's key sees which are alive,
+but not how many jobs each runs (that would tell it the other tenants' load).
+The drain rate is the change of the finished-jobs counters between dashboard
+loads (``stats.DrainRates``), so it appears from the second load on, as with
+``coldbrew stats --sample``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from coldbrew.api.auth import Principal
 from coldbrew.model import JobRecord
 from coldbrew.stats import DrainRates
-from coldbrew.store import JobStore, QueueStats, TenantSettings
+from coldbrew.store import JobStore, QueueStats, TenantSettings, WorkerRow
 
 RECENT_DEAD_LIMIT = 20
 ERROR_TEXT_LIMIT = 300
@@ -87,6 +90,20 @@ class Overview:
     tenants: list[TenantSettings]
     dead_jobs: list[DeadJob]
     rejected: dict[str, int]
+    workers: list[WorkerRow] = field(default_factory=list)
+    """The live workers (a session holds their liveness lock), oldest first."""
+
+    @property
+    def shows_load(self) -> bool:
+        """Whether each worker's jobs in flight are shown (only to a principal of every tenant)."""
+        return self.tenant is None
+
+    def workers_json(self) -> list[dict[str, Any]]:
+        hidden = () if self.shows_load else ("jobs_in_flight",)
+        return [
+            {k: v for k, v in worker.to_json().items() if k not in hidden}
+            for worker in self.workers
+        ]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,6 +121,7 @@ class Overview:
             ],
             "dead_jobs": [job.to_json() for job in self.dead_jobs],
             "rejected": self.rejected,
+            "workers": self.workers_json(),
         }
 
 
@@ -129,4 +147,5 @@ async def collect(
     tenants = [t for t in await store.tenants.list_tenants() if principal.may_see(t.name)]
     dead = [DeadJob.of(job) for job in await store.dead.recent_dead(tenant, dead_limit)]
     rejected = await store.dead.rejected_counts(tenant)
-    return Overview(tenant, datetime.now(UTC), lanes, tenants, dead, rejected)
+    workers = [worker for worker in await store.liveness.list_workers() if worker.alive]
+    return Overview(tenant, datetime.now(UTC), lanes, tenants, dead, rejected, workers)

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from coldbrew.api.overview import DeadJob, Lane, Overview
-from coldbrew.store import TenantSettings
+from coldbrew.store import TenantSettings, WorkerRow
 
 REFRESH_SECONDS = 5
 
@@ -109,6 +109,29 @@ def _dead_row(job: DeadJob) -> str:
     )
 
 
+def _worker_row(worker: WorkerRow, *, load: bool) -> str:
+    in_flight = f"{_num(worker.jobs_in_flight)}" if load else ""
+    return (
+        f"<tr><td><code>{_e(worker.id)}</code></td><td>{_e(worker.host)}</td>"
+        f"{_num(worker.pid)}<td>{_e(worker.version)}</td>"
+        f"<td>{_e(', '.join(worker.lanes))}</td>{in_flight}"
+        f"<td>{_e(_when(worker.started_at))}</td>"
+        f'<td class="n">{_e(_seconds(worker.heartbeat_age_seconds))} ago</td></tr>'
+    )
+
+
+def _workers(overview: Overview) -> str:
+    load = overview.shows_load
+    headers = ["id", "host", "pid", "version", "lanes"]
+    headers += ["jobs in flight"] if load else []
+    headers += ["started", "last heartbeat"]
+    return _table(
+        headers,
+        (_worker_row(worker, load=load) for worker in overview.workers),
+        "No live workers.",
+    )
+
+
 def _logout(show: bool) -> str:
     if not show:
         return ""
@@ -161,6 +184,8 @@ def dashboard_page(overview: Overview, *, signed_in: bool) -> str:
         )
         + "<h2>Rejected messages</h2>"
         + _table(("reason", "count"), rejected, "No rejected messages.")
+        + "<h2>Workers</h2>"
+        + _workers(overview)
     )
     return _document("coldbrew dashboard", body, refresh=True)
 

@@ -56,7 +56,10 @@ claimed AS (
       AND NOT j.cancel_requested
       AND (j.status = 'queued'
            OR (j.status = 'retrying' AND j.run_at <= now())
-           OR (j.status = 'running' AND j.lease_expires_at < now()))
+           OR (j.status = 'running' AND j.lease_expires_at < now()
+               -- a lease that expired while PostgreSQL was down is its worker's for one
+               -- more lease: alive, it extends it as soon as it reconnects
+               AND pg_postmaster_start_time() <= now() - make_interval(secs => $10)))
     RETURNING j.id, j.attempt, j.max_attempts, j.timeout_seconds, j.checkpoint, j.started_at
 ),
 exhausted AS (
@@ -172,7 +175,7 @@ WHERE j.id = u.id AND j.attempt = u.attempt AND j.status = 'running'
 RETURNING j.id;
 
 -- name: reap_expired
--- Make running jobs whose lease expired due again (or dead, or cancelled), one reaper per row, and NOTIFY "<schema>.caps" with each capped tenant and type that freed a place, as complete_batch does ($1 limit)
+-- Make running jobs whose lease expired due again (or dead, or cancelled), one reaper per row, and NOTIFY "<schema>.caps" with each capped tenant and type that freed a place, as complete_batch does; nothing is reaped while PostgreSQL started less than a lease ago, or when this reaper's last contact (the server time it read just before) is older than the longest gap: after an outage, live workers first get a lease to extend what they hold ($1 limit, $2 lease seconds, $3 server time of the reaper's last contact, $4 longest gap in seconds)
 WITH reaped AS (
     UPDATE jobs AS j
     SET status = CASE WHEN j.cancel_requested THEN 'cancelled'::job_status
@@ -195,6 +198,8 @@ WITH reaped AS (
     WHERE j.id IN (
         SELECT id FROM jobs
         WHERE status = 'running' AND lease_expires_at < now()
+          AND pg_postmaster_start_time() <= now() - make_interval(secs => $2)
+          AND now() - $3::timestamptz <= make_interval(secs => $4)
         ORDER BY lease_expires_at
         LIMIT $1
         FOR UPDATE SKIP LOCKED
@@ -648,3 +653,166 @@ counted AS (
     ON CONFLICT (queue, tenant) DO UPDATE SET finished = c.finished + excluded.finished
 )
 SELECT id FROM failed;
+-- --- worker liveness (worker/liveness.py) -------------------------------------------
+-- A worker holds a session-level advisory lock, keyed by schema and worker id
+-- (advisory locks are database-wide), on a dedicated connection: PostgreSQL frees
+-- it the moment that session ends, which is when the worker's process dies. A
+-- lock held as (classid, objid) in pg_locks is the bigint key's high and low half.
+
+-- name: take_worker_lock
+-- Try to take this worker's liveness lock in this session; returns whether it is held now, the server pid of the session that holds it otherwise, this session's server pid and the server's start time ($1 worker id)
+WITH key AS MATERIALIZED (
+    SELECT hashtextextended(current_schema() || ':worker:' || $1, 0) AS k
+),
+got AS MATERIALIZED (
+    SELECT pg_try_advisory_lock(k) AS locked FROM key
+)
+SELECT got.locked,
+       (SELECT l.pid FROM pg_locks AS l, key
+        WHERE NOT got.locked AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND (l.classid::int8 << 32) | l.objid::int8 = key.k
+        LIMIT 1) AS holder,
+       pg_backend_pid() AS backend_pid,
+       pg_postmaster_start_time() AS server_started
+FROM got;
+
+-- name: terminate_backend
+-- End this worker's own earlier liveness session that the server still keeps (a network outage left it behind, holding the lock); it exits, and frees the lock, a moment later ($1 server pid)
+SELECT pg_terminate_backend($1::int) AS terminated;
+
+-- name: register_worker
+-- Record this worker under its lock, or refresh its row after a reconnect: who it is, where its liveness session lives, a fresh heartbeat; returns when it started ($1 id, $2 instance, $3 host, $4 pid, $5 version, $6 lanes, $7 concurrency, $8 jobs in flight)
+INSERT INTO workers AS w (id, instance, host, pid, version, lanes, concurrency, jobs_in_flight,
+                          backend_pid, server_started)
+VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, pg_backend_pid(), pg_postmaster_start_time())
+ON CONFLICT (id) DO UPDATE
+SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
+    version = excluded.version, lanes = excluded.lanes, concurrency = excluded.concurrency,
+    jobs_in_flight = excluded.jobs_in_flight, backend_pid = excluded.backend_pid,
+    server_started = excluded.server_started, heartbeat_at = now(),
+    started_at = CASE WHEN w.instance = excluded.instance THEN w.started_at ELSE now() END
+RETURNING started_at;
+
+-- name: worker_heartbeat
+-- Each liveness tick, in one statement: refresh this worker's heartbeat, say whether its row still exists and this session still holds its lock, and list the other workers that look dead: no session holds their lock, their heartbeat is older than the grace, and they took their lock on this run of the server (after a restart every lock is gone; a worker gets until a lease after the restart to take it again) ($1 id, $2 instance, $3 jobs in flight, $4 grace seconds, $5 lease seconds)
+WITH me AS (
+    UPDATE workers SET heartbeat_at = now(), jobs_in_flight = $3
+    WHERE id = $1 AND instance = $2
+    RETURNING id
+),
+held AS MATERIALIZED (
+    SELECT l.pid, (l.classid::int8 << 32) | l.objid::int8 AS key
+    FROM pg_locks AS l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+SELECT EXISTS (SELECT 1 FROM me) AS registered,
+       EXISTS (SELECT 1 FROM held
+               WHERE held.pid = pg_backend_pid()
+                 AND held.key = hashtextextended(current_schema() || ':worker:' || $1, 0))
+           AS locked,
+       ARRAY(
+           SELECT w.id FROM workers AS w
+           WHERE w.id <> $1
+             AND w.heartbeat_at < now() - make_interval(secs => $4)
+             AND (w.server_started = pg_postmaster_start_time()
+                  OR pg_postmaster_start_time() < now() - make_interval(secs => $5))
+             AND NOT EXISTS (
+                 SELECT 1 FROM held
+                 WHERE held.key = hashtextextended(current_schema() || ':worker:' || w.id, 0))
+           ORDER BY w.id
+       ) AS dead;
+
+-- name: liveness_lock_timeout
+-- Bound how long the release of a dead worker's jobs waits for a row another transaction holds (a cycle is a deadlock PostgreSQL breaks; the release is retried next tick) ($1 timeout, e.g. 5s)
+SELECT set_config('lock_timeout', $1, true);
+
+-- name: remove_dead_workers
+-- Delete the rows of workers found dead, checking again under their row locks that no session holds their lock and their heartbeat is still stale (one that came back keeps its row); one remover per row ($1 ids, $2 grace seconds, $3 lease seconds)
+WITH held AS MATERIALIZED (
+    SELECT (l.classid::int8 << 32) | l.objid::int8 AS key
+    FROM pg_locks AS l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+),
+gone AS (
+    SELECT w.id FROM workers AS w
+    WHERE w.id = ANY($1::text[])
+      AND w.heartbeat_at < now() - make_interval(secs => $2)
+      AND (w.server_started = pg_postmaster_start_time()
+           OR pg_postmaster_start_time() < now() - make_interval(secs => $3))
+      AND NOT EXISTS (
+          SELECT 1 FROM held
+          WHERE held.key = hashtextextended(current_schema() || ':worker:' || w.id, 0))
+    FOR UPDATE OF w SKIP LOCKED
+)
+DELETE FROM workers AS w USING gone WHERE w.id = gone.id
+RETURNING w.id, w.host, w.pid, w.heartbeat_at;
+
+-- name: release_worker_jobs
+-- Make the running jobs of dead workers due again at once (or dead, or cancelled), as reap_expired does for expired leases, and NOTIFY "<schema>.caps" for the capped tenants and types they free ($1 worker ids)
+WITH released AS (
+    UPDATE jobs AS j
+    SET status = CASE WHEN j.cancel_requested THEN 'cancelled'::job_status
+                      WHEN j.attempt >= j.max_attempts THEN 'dead'::job_status
+                      ELSE 'retrying'::job_status END,
+        dead_reason = CASE WHEN NOT j.cancel_requested AND j.attempt >= j.max_attempts
+                           THEN 'max_attempts' ELSE j.dead_reason END,
+        error_kind = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'worker_lost' END,
+        error_message = CASE WHEN j.cancel_requested THEN j.cancel_reason
+                             ELSE 'worker ' || coalesce(j.worker_id, '?')
+                                  || ' died (its PostgreSQL session ended)'
+                        END,
+        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
+        run_at = now(),
+        publish_after = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
+                             ELSE now() END,
+        lease_expires_at = NULL,
+        worker_id = NULL,
+        updated_at = now()
+    WHERE j.id IN (
+        SELECT id FROM jobs
+        WHERE status = 'running' AND worker_id = ANY($1::text[])
+        ORDER BY id
+        FOR UPDATE
+    )
+    RETURNING j.id, j.type, j.queue, j.tenant, j.args, j.status::text AS status, j.attempt,
+              j.error_message
+),
+freed AS (
+    SELECT pg_notify(current_schema() || '.caps', 'tenant:' || t.name)
+    FROM tenants AS t
+    WHERE t.name IN (SELECT tenant FROM released) AND t.max_running IS NOT NULL
+    UNION ALL
+    SELECT pg_notify(current_schema() || '.caps', 'type:' || y.name)
+    FROM job_types AS y
+    WHERE y.name IN (SELECT type FROM released) AND y.max_running IS NOT NULL
+)
+-- the count makes PostgreSQL run "freed" (a plain SELECT in WITH runs only when read), once
+SELECT * FROM released WHERE (SELECT count(*) FROM freed) >= 0;
+
+-- name: unregister_worker
+-- A worker that stops cleanly removes its own row ($1 id, $2 instance)
+DELETE FROM workers WHERE id = $1 AND instance = $2;
+
+-- name: list_workers
+-- Every registered worker, with whether a session holds its liveness lock now and its heartbeat's age in seconds, oldest first (no parameters)
+WITH held AS MATERIALIZED (
+    SELECT (l.classid::int8 << 32) | l.objid::int8 AS key
+    FROM pg_locks AS l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+SELECT w.id, w.host, w.pid, w.version, w.lanes, w.concurrency, w.jobs_in_flight,
+       w.started_at, w.heartbeat_at,
+       extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_seconds,
+       EXISTS (SELECT 1 FROM held
+               WHERE held.key = hashtextextended(current_schema() || ':worker:' || w.id, 0))
+           AS alive
+FROM workers AS w
+ORDER BY w.started_at, w.id;
+
+-- name: server_clock
+-- The server's time and start time: the reaper's contact with PostgreSQL, and whether the server restarted (no parameters)
+SELECT now() AS now, pg_postmaster_start_time() AS server_started;

@@ -130,3 +130,18 @@ CREATE TABLE queue_sweeps (
     taking      integer NOT NULL CHECK (taking >= 0),
     PRIMARY KEY (worker_id, queue, tenant)
 );
+
+CREATE TABLE workers (
+    id              text PRIMARY KEY,
+    instance        text NOT NULL,
+    host            text NOT NULL,
+    pid             integer NOT NULL,
+    version         text NOT NULL,
+    lanes           text[] NOT NULL,
+    concurrency     integer NOT NULL,
+    jobs_in_flight  integer NOT NULL DEFAULT 0,
+    backend_pid     integer NOT NULL,
+    server_started  timestamptz NOT NULL,
+    started_at      timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at    timestamptz NOT NULL DEFAULT now()
+);

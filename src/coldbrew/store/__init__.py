@@ -32,6 +32,7 @@ from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.jobstore import JobStore
 from coldbrew.store.leases import LeaseStore
+from coldbrew.store.liveness import LivenessStore, WorkerBeat, WorkerInfo, WorkerLock, WorkerRow
 from coldbrew.store.outbox import Outbox
 from coldbrew.store.reconcile import (
     LookRecord,
@@ -77,6 +78,7 @@ __all__ = [
     "JobStore",
     "JobTypeSettings",
     "LeaseStore",
+    "LivenessStore",
     "LookRecord",
     "Outbox",
     "Outcome",
@@ -89,5 +91,9 @@ __all__ = [
     "TenantSettings",
     "TenantStore",
     "WaitingCount",
+    "WorkerBeat",
+    "WorkerInfo",
+    "WorkerLock",
+    "WorkerRow",
     "connection_settings",
 ]

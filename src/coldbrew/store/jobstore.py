@@ -24,6 +24,7 @@ from coldbrew.store.claims import CLAIM_COMMITS, ClaimConfig, ClaimStore
 from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.leases import LeaseStore
+from coldbrew.store.liveness import LivenessStore
 from coldbrew.store.outbox import Outbox
 from coldbrew.store.reconcile import ReconcileStore
 from coldbrew.store.stats import StatsStore
@@ -53,6 +54,8 @@ class JobStore(StoreBase):
         """Dead jobs and rejected messages."""
         self.stats = StatsStore(db)
         """Counts per lane and tenant."""
+        self.liveness = LivenessStore(db)
+        """Workers' rows and liveness locks, the server's clock, dead workers' jobs."""
         self.reconcile = ReconcileStore(db)
         """The reconcile passes' lock and looks, and workers' holding reports."""
 

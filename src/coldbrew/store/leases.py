@@ -7,6 +7,7 @@ left alone and simply missing from what comes back.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 import asyncpg
 
@@ -61,8 +62,16 @@ class LeaseStore(StoreBase):
         )
         return {row["id"] for row in rows}
 
-    async def reap_expired(self, limit: int = 500) -> list[asyncpg.Record]:
-        return await self._fetch("reap_expired", limit)
+    async def reap_expired(
+        self, limit: int, *, contact: datetime, max_gap: float, lease_seconds: float
+    ) -> list[asyncpg.Record]:
+        """Reap expired leases, unless an outage may have expired them (``reap_expired`` SQL).
+
+        ``contact`` is the server time the caller read just before (the reaper's
+        ``server_clock``): a statement that waited out an outage in a socket reaps
+        nothing when it finally runs.
+        """
+        return await self._fetch("reap_expired", limit, lease_seconds, contact, max_gap)
 
     async def close(self) -> None:
         """Wait for the release batch in flight."""

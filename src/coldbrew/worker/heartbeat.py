@@ -1,9 +1,12 @@
 """The heartbeat: progress flushed every tick, every lease extended every beat.
 
 One UPDATE extends every lease this worker holds (``JobStore.extend_leases``),
-and its answer is also how a worker learns that a job's lease was lost (the
-reaper or another worker took it: the job is fenced and stopped) or that a
-cancel was requested (the job is stopped, its ``on_cancel`` hook runs).
+and after a failed one it is tried again at every tick, before anything else,
+so a worker that reconnects after an outage renews its leases within a tick
+(the reaper holds off for a lease meanwhile: reaper.py). Its answer is also
+how a worker learns that a job's lease was lost (the reaper or another worker
+took it: the job is fenced and stopped) or that a cancel was requested (the
+job is stopped, its ``on_cancel`` hook runs).
 Progress reported by jobs is flushed every ``COLDBREW_PROGRESS_FLUSH_SECONDS``
 in one statement, never per report.
 """
@@ -53,17 +56,32 @@ class Heartbeat:
     async def run(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         next_beat = loop.time() + self.beat
+        behind = False  # the last extension failed: try again at every tick until one lands
+        failed_since: float | None = None
         while not stop.is_set():
             await sleep_unless(stop, self.tick)
             try:
-                await self._flush_progress()
                 now = loop.time()
-                if now >= next_beat:
-                    self.metrics.heartbeat_lag.set(now - next_beat)
+                if behind or now >= next_beat:
+                    if not behind:
+                        self.metrics.heartbeat_lag.set(now - next_beat)
                     next_beat = now + self.beat
-                    await self._extend_leases()
+                    # leases first: after an outage they may have expired, and the reaper
+                    # gives a worker that reconnects one lease to renew them (reaper.py)
+                    behind = True
+                    renewed = await self._extend_leases()
+                    if failed_since is not None:
+                        log.info(
+                            "leases_renewed_after_outage",
+                            jobs=renewed,
+                            seconds=round(now - failed_since, 1),
+                        )
+                    behind, failed_since = False, None
+                await self._flush_progress()
             except DatabaseUnavailable as exc:
                 self.lifecycle.set_database_ok(False)
+                if behind and failed_since is None:
+                    failed_since = loop.time()
                 log.warning("heartbeat_failed", error=str(exc))
 
     async def _flush_progress(self) -> None:
@@ -75,10 +93,11 @@ class Heartbeat:
         except UnstorableData as exc:  # a job's report, never the worker's: drop it, say so
             log.warning("progress_refused", jobs=[u[0] for u in updates], error=str(exc))
 
-    async def _extend_leases(self) -> None:
+    async def _extend_leases(self) -> int:
+        """Extend every lease held; return how many this worker still holds."""
         held = self.inflight.held()
         if not held:
-            return
+            return 0
         alive = await self.store.leases.extend_leases(held, self.lease_seconds)
         self.metrics.lease_extensions.inc(len(alive))
         for job_id, attempt in held:
@@ -92,3 +111,4 @@ class Heartbeat:
             elif (reason := alive[job_id]) is not None:
                 log.info("job_cancel_requested", job_id=job_id, reason=reason)
                 self.runner.stop(state, Stop.CANCELLED, reason)
+        return len(alive)

@@ -29,6 +29,9 @@ from coldbrew.worker.aging_sweep import SweepReturns
 from coldbrew.worker.dead_letters import DeadLetters
 from coldbrew.worker.intake import Intake
 from coldbrew.worker.lifecycle import Lifecycle
+from coldbrew.worker.liveness import Liveness
+from coldbrew.worker.reaper import Reaper
+from coldbrew.worker.relay import Relay
 from coldbrew.worker.runner import JobRunner
 from coldbrew.worker.tenant_watch import TenantQueues
 
@@ -48,6 +51,9 @@ class Parts:
     dead_letters: DeadLetters
     stats: StatsSnapshot
     metrics_port: int
+    relay: Relay
+    reaper: Reaper
+    liveness: Liveness
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,9 +239,48 @@ async def _build(
         is_ready=lambda: readiness(shared.lifecycle, broker),
     )
     await stack.enter_async_context(server)
+    relay, reaper, liveness = await _open_liveness(stack, shared, store, broker)
     return Parts(
-        store, broker, runner, intake, tenants, consumers, dead_letters, stats, server.port
+        store,
+        broker,
+        runner,
+        intake,
+        tenants,
+        consumers,
+        dead_letters,
+        stats,
+        server.port,
+        relay,
+        reaper,
+        liveness,
     )
+
+
+async def _open_liveness(
+    stack: AsyncExitStack, shared: Shared, store: JobStore, broker: Broker
+) -> tuple[Relay, Reaper, Liveness]:
+    """Register the worker (before it consumes); the relay and reaper act on what it finds."""
+    settings, metrics = shared.settings, shared.metrics
+    relay = Relay(store, broker, metrics, interval=settings.relay_interval_seconds)
+    reaper = Reaper(
+        store,
+        broker,
+        metrics,
+        interval=settings.reaper_interval_seconds,
+        lease_seconds=settings.lease_seconds,
+    )
+    liveness = Liveness(
+        settings=settings,
+        store=store,
+        lanes=shared.lanes,
+        inflight=shared.inflight,
+        metrics=metrics,
+        publish_due=relay.publish_due,
+        on_released=reaper.settle,
+    )
+    await liveness.open()
+    stack.push_async_callback(liveness.close)
+    return relay, reaper, liveness
 
 
 def readiness(lifecycle: Lifecycle, broker: Broker) -> tuple[bool, str]:

@@ -32,9 +32,7 @@ from coldbrew.worker.health import DatabaseHealth
 from coldbrew.worker.heartbeat import Heartbeat
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.parts import Parts, Shared, open_parts
-from coldbrew.worker.reaper import Reaper
 from coldbrew.worker.reconcile import Reconciler
-from coldbrew.worker.relay import Relay
 from coldbrew.worker.service import Periodic, Service
 
 log = structlog.get_logger("coldbrew.worker")
@@ -168,8 +166,9 @@ class Worker:
             on_sweep=reconciler.sweep_starting,
         )
         return [
-            Relay(store, broker, metrics, interval=settings.relay_interval_seconds),
-            Reaper(store, broker, metrics, interval=settings.reaper_interval_seconds),
+            parts.relay,
+            parts.reaper,
+            parts.liveness,
             sweeper,
             Heartbeat(
                 settings=settings,
