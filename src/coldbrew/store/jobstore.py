@@ -44,7 +44,7 @@ class JobStore(StoreBase):
         """Rows waiting for their publish (the relay)."""
         self.claims = ClaimStore(db, self.claim_config)
         """Claims and outcomes (group commit), and what makes async claims durable."""
-        self.leases = LeaseStore(db)
+        self.leases = LeaseStore(db, self.claim_config)
         """Held jobs: heartbeats, progress, releases, expired leases."""
         self.caps = CapStore(db, self.claim_config)
         """The capped claim's statements and the ``<ns>.caps`` NOTIFYs."""

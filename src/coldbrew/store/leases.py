@@ -13,13 +13,15 @@ import asyncpg
 
 from coldbrew.batching import GroupCommit
 from coldbrew.store.base import Database, StoreBase
+from coldbrew.store.claims import ClaimConfig
 
 
 class LeaseStore(StoreBase):
     """The leases of running jobs: extended, reported on, released, or reaped once expired."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, claim_config: ClaimConfig) -> None:
         super().__init__(db)
+        self.claim_config = claim_config  # the lease the reaper judges by, by default
         # a drain hands back every held job at once: one statement per batch, not per job
         self.release_batches: GroupCommit[tuple[str, int, bool], bool] = GroupCommit(
             "release", self._release_batch
@@ -63,15 +65,25 @@ class LeaseStore(StoreBase):
         return {row["id"] for row in rows}
 
     async def reap_expired(
-        self, limit: int, *, contact: datetime, max_gap: float, lease_seconds: float
+        self,
+        limit: int = 500,
+        *,
+        contact: datetime | None = None,
+        max_gap: float = 5.0,
+        lease_seconds: float | None = None,
     ) -> list[asyncpg.Record]:
         """Reap expired leases, unless an outage may have expired them (``reap_expired`` SQL).
 
         ``contact`` is the server time the caller read just before (the reaper's
-        ``server_clock``): a statement that waited out an outage in a socket reaps
-        nothing when it finally runs.
+        ``server_clock``; read here when not given): a statement that waited out an
+        outage in a socket reaps nothing when it finally runs. ``lease_seconds``
+        defaults to this store's claims' lease.
         """
-        return await self._fetch("reap_expired", limit, lease_seconds, contact, max_gap)
+        if contact is None:
+            row = await self._fetchrow("server_clock")
+            contact = row["now"] if row is not None else None
+        lease = self.claim_config.lease_seconds if lease_seconds is None else lease_seconds
+        return await self._fetch("reap_expired", limit, lease, contact, max_gap)
 
     async def close(self) -> None:
         """Wait for the release batch in flight."""
