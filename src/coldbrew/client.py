@@ -122,8 +122,6 @@ class Client:
         if spec is not None:
             args = spec.validate_args(args)
         lane = queue or (spec.queue if spec else "default")
-        if self.app is not None:
-            self._check_lane(self.app, lane)
         given = JobFields(
             job_id or "", type, lane, tenant, args, priority, max_attempts, timeout, idempotency_key
         )
@@ -145,17 +143,6 @@ class Client:
             job_id_for_key(tenant, idempotency_key) if idempotency_key else new_job_id()
         )
         return job
-
-    def _check_lane(self, app: App, lane: str) -> None:
-        """With the app known, a lane none of its jobs uses (nor ``COLDBREW_QUEUES``) is
-        refused: no worker of this app would consume it, and the job would wait forever."""
-        lanes = {*app.queues, *(self.settings.queues or ())}
-        if lane not in lanes:
-            raise InvalidRequest(
-                "unknown_lane",
-                f"no worker of this app serves lane {lane!r}; its lanes are "
-                f"{', '.join(sorted(lanes))} (COLDBREW_QUEUES adds more)",
-            )
 
     async def _publish(self, request: ClaimRequest, mark: datetime) -> None:
         """Publish with a confirm, then clear the mark; on failure the relay publishes later."""
