@@ -81,7 +81,7 @@ async def until_available(
     Each failure is logged as ``event`` and told to ``on_unavailable`` (health
     reporting); anything but the unavailability errors propagates at once.
     """
-    delays = backoff if backoff is not None else Backoff()
+    delays = backoff  # made at the first failure: the claim path calls this per job
     while True:
         try:
             return await op()
@@ -90,6 +90,8 @@ async def until_available(
                 on_unavailable(exc)
             if give_up():
                 return None
+            if delays is None:
+                delays = Backoff()
             delay = delays.next_delay()
             log.warning(event, error=str(exc), retry_in=delay)
             await asyncio.sleep(delay)
