@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
+import sys
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -120,6 +124,7 @@ class App:
         self.default_queue = default_queue
         self.jobs: dict[str, JobSpec] = {}
         self.ref: str | None = None  # "module:attr", set by load_app; the process pool needs it
+        self.app_dir: str | None = None  # where load_app imported it from; the pool children too
 
     def job(
         self,
@@ -197,19 +202,81 @@ class App:
         return any(spec.runs_in_process for spec in self.jobs.values())
 
 
-def load_app(ref: str) -> App:
-    """Import ``MODULE:ATTR`` and return the ``App`` it names."""
+def load_app(ref: str, app_dir: str | os.PathLike[str] | None = None) -> App:
+    """Import ``MODULE:ATTR`` and return the ``App`` it names.
+
+    Why a directory: like uvicorn, celery and arq, ``coldbrew worker myapp:app``
+    must find ``myapp.py`` in the folder it is run from, though a console
+    script's ``sys.path[0]`` is its ``bin`` directory. ``app_dir`` (``--app-dir``;
+    default the current directory) goes first on ``sys.path`` unless it is
+    there already, and is kept on the app so the process-pool children import
+    the app from the same place.
+    """
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigurationError(f"app reference {ref!r} must look like MODULE:APP")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ConfigurationError(
-            f"cannot import {module_name!r} for {ref!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+    directory = _use_app_dir(app_dir)
+    module = _import_app_module(ref, module_name, directory, app_dir is not None)
     app = getattr(module, attr, None)
     if not isinstance(app, App):
         raise ConfigurationError(f"{ref!r} is not a coldbrew App (found {type(app).__name__})")
     app.ref = ref
+    app.app_dir = directory
     return app
+
+
+def _use_app_dir(app_dir: str | os.PathLike[str] | None) -> str:
+    """``app_dir`` (default: the current directory) made absolute and put on ``sys.path``."""
+    directory = os.path.abspath(os.fspath(app_dir) if app_dir is not None else os.getcwd())
+    if app_dir is not None and not os.path.isdir(directory):
+        raise ConfigurationError(f"--app-dir {os.fspath(app_dir)!r} is not a directory")
+    known = {os.path.abspath(entry or os.curdir) for entry in sys.path}
+    if directory not in known:
+        sys.path.insert(0, directory)
+    return directory
+
+
+def _import_app_module(ref: str, module_name: str, directory: str, given: bool) -> ModuleType:
+    """Import the app's module; tell "not found" apart from an error raised inside it."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and _names_the_target(module_name, exc.name):
+            raise ConfigurationError(_not_found(ref, exc.name, directory, given)) from exc
+        raise ConfigurationError(_inside(ref, exc)) from exc
+    except Exception as exc:
+        raise ConfigurationError(_inside(ref, exc)) from exc
+
+
+def _names_the_target(module_name: str, missing: str) -> bool:
+    """The missing module is ``module_name`` or one of its packages, not something it imports."""
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
+def _not_found(ref: str, missing: str, directory: str, given: bool) -> str:
+    """What was searched, in order, and how to point coldbrew elsewhere."""
+    which = "--app-dir" if given else "the current directory"
+    others = [
+        entry or os.curdir for entry in sys.path if os.path.abspath(entry or os.curdir) != directory
+    ]
+    return (
+        f"cannot import {ref!r}: no module named {missing!r}; searched {directory} ({which}), "
+        f"then sys.path: {', '.join(others)}. Run coldbrew from the folder that holds "
+        f"{missing.replace('.', '/')}.py, or pass --app-dir DIR"
+    )
+
+
+def _inside(ref: str, exc: BaseException) -> str:
+    """The user's own error while importing: its kind, message, and where it was raised."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f"{exc.filename}, line {exc.lineno}"
+        detail = exc.msg
+    else:
+        frames = [
+            frame
+            for frame in traceback.extract_tb(exc.__traceback__)
+            if not frame.filename.startswith("<frozen ")
+        ]
+        where = f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else "unknown place"
+        detail = str(exc)
+    return f"importing {ref!r} failed at {where}: {type(exc).__name__}: {detail}"

@@ -11,13 +11,16 @@ One module per group of commands; each gives ``add_commands(sub)`` and its
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from coldbrew import logs
-from coldbrew.cli import fleet, inspect, jobs, services
+from coldbrew.cli import fleet, inspect, jobs, services, shell
 from coldbrew.cli.common import (
+    APP_DIR_HELP,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNAVAILABLE,
@@ -29,7 +32,7 @@ from coldbrew.cli.common import (
 from coldbrew.errors import ColdbrewError, ConfigurationError, JobNotFound, ServiceUnavailable
 from coldbrew.settings import load_settings
 
-GROUPS = (jobs, inspect, fleet, services)
+GROUPS = (jobs, inspect, fleet, services, shell)
 HANDLERS: dict[str, Handler] = {
     command: handler for group in GROUPS for command, handler in group.HANDLERS.items()
 }
@@ -37,12 +40,23 @@ HANDLERS: dict[str, Handler] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="coldbrew", description="Long-running jobs over RabbitMQ and PostgreSQL.")
+    parser.add_argument("--version", action="version", version=version_line())
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("--namespace", help="overrides COLDBREW_NAMESPACE")
+    parser.add_argument("--app-dir", metavar="DIR", default=None, help=APP_DIR_HELP)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for group in GROUPS:
         group.add_commands(sub)
     return parser
+
+
+def version_line() -> str:
+    """``coldbrew X.Y.Z (Python A.B.C)``: the installed distribution's version, as pip sees it."""
+    try:
+        installed = version("coldbrew")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = "unknown (not installed)"
+    return f"coldbrew {installed} (Python {platform.python_version()})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,6 +26,17 @@ class Parser(argparse.ArgumentParser):
 Subparsers = argparse._SubParsersAction  # the type add_subparsers() returns
 
 
+APP_DIR_HELP = "import MODULE from DIR first (default: the current directory, as uvicorn does)"
+
+
+def add_app_dir(parser: argparse.ArgumentParser) -> None:
+    """``--app-dir`` on a command that takes ``MODULE:APP``, as well as before the command.
+
+    ``SUPPRESS``: a sub-command's default would overwrite the global flag's value.
+    """
+    parser.add_argument("--app-dir", metavar="DIR", default=argparse.SUPPRESS, help=APP_DIR_HELP)
+
+
 def run(coro: Coroutine[Any, Any, int]) -> int:
     try:
         import uvloop

@@ -14,6 +14,7 @@ from coldbrew.cli.common import (
     Handler,
     Parser,
     Subparsers,
+    add_app_dir,
     print_json,
 )
 from coldbrew.errors import ConfigurationError
@@ -30,6 +31,7 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     worker.add_argument("--concurrency", type=int, help="overrides COLDBREW_CONCURRENCY")
     worker.add_argument("--processes", type=int, help="overrides COLDBREW_PROCESSES")
     worker.add_argument("--queues", help="comma-separated lanes (COLDBREW_QUEUES)")
+    add_app_dir(worker)
 
     sub.add_parser("migrate", help="create or upgrade the schema (idempotent)")
 
@@ -42,6 +44,7 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     submit.add_argument("--idempotency-key")
     submit.add_argument("--max-attempts", type=int)
     submit.add_argument("--app", metavar="MODULE:APP", help="validate args and pick the lane")
+    add_app_dir(submit)
     submit.add_argument("--wait", action="store_true", help="wait for a terminal status")
     submit.add_argument("--timeout", type=float, default=300.0, help="how long --wait waits")
 
@@ -58,7 +61,7 @@ async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.signals import on_stop_signals
     from coldbrew.worker import Worker
 
-    worker = Worker(load_app(args.app), settings)
+    worker = Worker(load_app(args.app, args.app_dir), settings)
     # What start-up imported lives as long as the process: keep it out of the
     # collector's full passes, which otherwise walk it again and again while
     # thousands of jobs are in flight (and it stays shared after a fork).
@@ -87,7 +90,7 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigurationError(f"--args is not JSON: {exc}") from None
     if not isinstance(job_args, dict):
         raise ConfigurationError("--args must be a JSON object")
-    app = load_app(args.app) if args.app else None
+    app = load_app(args.app, args.app_dir) if args.app else None
     async with Client.connect(settings, app=app) as client:
         record = await client.submit(
             args.type,

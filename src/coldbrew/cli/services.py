@@ -11,6 +11,7 @@ from coldbrew.cli.common import (
     Handler,
     Parser,
     Subparsers,
+    add_app_dir,
 )
 from coldbrew.settings import Settings
 
@@ -26,6 +27,7 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     api.add_argument(
         "--app", metavar="MODULE:APP", help="reject unknown job types and bad args with 422"
     )
+    add_app_dir(api)
 
     demo = sub.add_parser("demo", help="a self-contained tour on the local broker and database")
     demo.add_argument("--keep", action="store_true", help="keep the demo's schema and queues")
@@ -35,7 +37,7 @@ async def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.api.server import serve
     from coldbrew.app import load_app
 
-    await serve(settings, app=load_app(args.app) if args.app else None)
+    await serve(settings, app=load_app(args.app, args.app_dir) if args.app else None)
     return EXIT_OK
 
 

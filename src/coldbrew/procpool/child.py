@@ -133,14 +133,14 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="coldbrew-orphan-watch", daemon=True).start()
 
 
-def child_main(sock: socket.socket, app_ref: str) -> None:
-    """Entry point of a pool child: load the app, then run jobs until told to stop."""
+def child_main(sock: socket.socket, app_ref: str, app_dir: str | None = None) -> None:
+    """Entry point of a pool child: load the app (from the parent's ``app_dir``), then run jobs."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns shutdown
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _watch_parent(os.getppid())
     channel = _ChildChannel(sock)
     try:
-        app = load_app(app_ref)
+        app = load_app(app_ref, app_dir)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
         channel.send(("boot_error", f"{error_kind(exc)}: {exc}"))
         return

@@ -207,13 +207,14 @@ def spawn(
     loop: asyncio.AbstractEventLoop,
     app_ref: str,
     *,
+    app_dir: str | None = None,
     measure_memory: bool,
     on_gone: Callable[[ChildHandle], None],
 ) -> ChildHandle:
     """Start one child process on a fresh socketpair; it begins by loading ``app_ref``."""
     parent_sock, child_sock = socket.socketpair()
     process = new_process(
-        target=child_main, args=(child_sock, app_ref), name="coldbrew-pool", daemon=True
+        target=child_main, args=(child_sock, app_ref, app_dir), name="coldbrew-pool", daemon=True
     )
     try:
         process.start()

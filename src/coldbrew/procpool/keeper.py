@@ -53,10 +53,12 @@ class Keeper:
         new_process: Callable[..., BaseProcess],
         app_ref: str,
         memory: MemoryWatch | None,
+        app_dir: str | None = None,
     ) -> None:
         self._roster = roster
         self._new_process = new_process
         self._app_ref = app_ref
+        self._app_dir = app_dir
         self._memory = memory
         self.replaced: dict[str, int] = dict.fromkeys(REPLACE_REASONS, 0)
         self._replacing: set[asyncio.Task[None]] = set()
@@ -68,6 +70,7 @@ class Keeper:
             self._new_process,
             asyncio.get_running_loop(),
             self._app_ref,
+            app_dir=self._app_dir,
             measure_memory=self._memory is not None,
             on_gone=self._on_gone,
         )

@@ -46,6 +46,9 @@ class ProcessPool:
     ``max_memory_mb`` (0: no limit) kills and replaces a child whose resident
     memory goes over it; ``max_jobs`` (0: never) replaces a child after that
     many jobs (see ``coldbrew.procpool.memory`` and ``coldbrew.procpool.keeper``).
+    ``app_dir`` is where the parent imported the app from (``load_app``): each
+    child puts it on its ``sys.path`` before importing ``app_ref``, so a job
+    module in the folder coldbrew was started from is found by the children too.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class ProcessPool:
         size: int,
         app_ref: str,
         *,
+        app_dir: str | None = None,
         start_method: str = "spawn",
         max_memory_mb: int = 0,
         max_jobs: int = 0,
@@ -72,7 +76,9 @@ class ProcessPool:
             if max_memory_mb
             else None
         )
-        self._keeper = Keeper(self._roster, _process_factory(start_method), app_ref, self._memory)
+        self._keeper = Keeper(
+            self._roster, _process_factory(start_method), app_ref, self._memory, app_dir
+        )
         self.replaced: dict[str, int] = self._keeper.replaced
         """Children replaced while running, by reason (``REPLACE_REASONS``); for metrics."""
         self._finalizer = Finalize(self, _kill_all, args=(self._roster.processes,), exitpriority=10)

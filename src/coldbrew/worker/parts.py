@@ -159,6 +159,7 @@ async def _open_pool(stack: AsyncExitStack, shared: Shared) -> ProcessPool | Non
     pool = ProcessPool(
         settings.processes,
         app.ref,
+        app_dir=app.app_dir,
         max_memory_mb=settings.process_max_memory_mb,
         max_jobs=settings.process_max_jobs,
     )
