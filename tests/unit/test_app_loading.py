@@ -126,7 +126,7 @@ def test_app_dir_must_be_a_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("source", "line", "kind"),
     [
-        ("from coldbrew import App\n\nimport nc_not_installed_anywhere\n", 3, "ModuleNotFoundError"),
+        ("from coldbrew import App\n\nimport nc_not_installed\n", 3, "ModuleNotFoundError"),
         ("from coldbrew import App, NoSuchName\n", 1, "ImportError"),
         ("app = None\n\ndef broken(:\n", 3, "SyntaxError"),
         ("x = 1\nraise RuntimeError('config missing')\n", 2, "RuntimeError"),
