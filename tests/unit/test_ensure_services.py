@@ -232,7 +232,7 @@ def test_on_a_terminal_it_asks_first(answer: bytes, installs: bool) -> None:
             "the question is only asked when installing is possible (root)"
         )  # pragma: no cover
     status, shown = on_a_terminal(script_env(), answer)
-    assert "install postgresql rabbitmq-server with apt-get? [y/N]" in shown
+    assert "install postgresql and rabbitmq-server with apt-get? [y/N]" in shown
     assert status == 3
     assert (f"would run: {BOTH}" in shown) is installs
     assert ("To install them, run:" in shown) is not installs
