@@ -58,13 +58,20 @@ class Client:
         *,
         app: App | None = None,
         broker: bool = True,
+        check_schema: bool = False,
     ) -> AsyncIterator[Client]:
-        """Open connections (settings from the environment by default); close them on exit."""
+        """Open connections (settings from the environment by default); close them on exit.
+
+        ``check_schema``: raise ``SchemaOutOfDate`` ("run `coldbrew migrate`") when the
+        namespace's schema is missing or old, before anything is declared on the broker.
+        """
         settings = settings or load_settings()
         async with AsyncExitStack() as stack:
             store = await stack.enter_async_context(
                 JobStore.open(settings.database_url, settings.namespace, pool_size=4)
             )
+            if check_schema:
+                await store.check_schema()
             connected = None
             if broker:
                 connected = Broker(

@@ -144,3 +144,14 @@ def test_an_error_inside_the_module_exits_2_with_file_and_line(tmp_path: Path) -
     assert f"failed at {tmp_path / 'myapp.py'}, line 3: SyntaxError" in done.stderr
     assert "no module named" not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_jobs_commands_before_migrate_say_run_migrate(tmp_path: Path) -> None:
+    """The newcomer who skipped ``coldbrew migrate``: exit 2 and what to do, no traceback."""
+    env = env_for(f"cb_nomigrate_{os.getpid()}")
+    for args in (["submit", "x"], ["status", "00000000-0000-0000-0000-000000000000"]):
+        done = coldbrew(tmp_path, env, *args)
+        assert done.returncode == 2, done.stderr
+        assert "is missing" in done.stderr
+        assert "run `coldbrew migrate`" in done.stderr
+        assert "Traceback" not in done.stderr

@@ -91,7 +91,8 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     if not isinstance(job_args, dict):
         raise ConfigurationError("--args must be a JSON object")
     app = load_app(args.app, args.app_dir) if args.app else None
-    async with Client.connect(settings, app=app) as client:
+    # check_schema: before `coldbrew migrate`, one line that says so, not a traceback
+    async with Client.connect(settings, app=app, check_schema=True) as client:
         record = await client.submit(
             args.type,
             job_args,
@@ -111,7 +112,7 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.client import Client
 
-    async with Client.connect(settings, broker=False) as client:
+    async with Client.connect(settings, broker=False, check_schema=True) as client:
         print_json(await client.status(args.job_id))
     return EXIT_OK
 
@@ -119,7 +120,7 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.client import Client
 
-    async with Client.connect(settings, broker=False) as client:
+    async with Client.connect(settings, broker=False, check_schema=True) as client:
         record = await client.cancel(args.job_id, args.reason)
         print_json(record.to_status_json())
         if record.status.value not in ("cancelled", "running"):
