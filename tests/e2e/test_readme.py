@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import AMQP_URL, DATABASE_URL
+from coldbrew.client import Client
+from tests.helpers import AMQP_URL, DATABASE_URL, make_settings, status_is, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -209,7 +210,7 @@ def run_tutorial(tmp: Path, namespace: str) -> tuple[list[Ran], int, str]:
         ran += run_segment(segment, folder, out, env)
         assert worker is not None, "the tutorial starts no worker"
         nap = next(r for r in ran if r.command.startswith('coldbrew status "$job"')).json()["id"]
-        wait_cancelled(folder, env, nap, log)
+        wait_cancelled(namespace, nap, log)
         worker.send_signal(signal.SIGINT)  # Ctrl-C
         code = worker.wait(timeout=30)
     finally:
@@ -219,18 +220,23 @@ def run_tutorial(tmp: Path, namespace: str) -> tuple[list[Ran], int, str]:
     return ran, code, log.read_text(errors="replace")
 
 
-def wait_cancelled(folder: Path, env: dict[str, str], job_id: str, log: Path) -> None:
-    """The cancelled nap really stops (one heartbeat), long before its 60 s."""
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        done = subprocess.run(
-            ["coldbrew", "status", job_id], cwd=folder, env=env, capture_output=True,
-            text=True, timeout=30, check=True,
-        )  # fmt: skip
-        if json.loads(done.stdout)["status"] == "cancelled":
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"job {job_id} was not cancelled within 15s:\n{log.read_text()}")
+def wait_cancelled(namespace: str, job_id: str, log: Path) -> None:
+    """The cancelled nap really stops (one heartbeat), long before its 60 s.
+
+    Polled in-process: a ``coldbrew status`` per poll would cost a Python start each.
+    """
+
+    async def poll() -> None:
+        settings = make_settings(namespace)
+        async with Client.connect(settings, broker=False) as client:
+            await wait_until(lambda: status_is(client, job_id, "cancelled"), timeout=15)
+
+    try:
+        asyncio.run(poll())
+    except AssertionError as exc:
+        raise AssertionError(
+            f"job {job_id} was not cancelled within 15s:\n{log.read_text()}"
+        ) from exc
 
 
 async def test_the_readme_tutorial_runs_as_written(tmp_path: Path, namespace: str) -> None:
