@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from coldbrew.model import MAX_PRIORITY, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS
+from coldbrew.unique import KNOWN_STATES
+from coldbrew.unique import PARTS as UNIQUE_PARTS
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -103,6 +105,29 @@ _SUBMIT_SCHEMA: dict[str, Any] = {
             "type": "number",
             "minimum": MIN_TIMEOUT_SECONDS,
             "exclusiveMaximum": MAX_TIMEOUT_SECONDS,
+        },
+        # unique jobs (README "Unique jobs"): a duplicate answers 200 with the existing job
+        "unique_for": {
+            "oneOf": [
+                {"type": "number", "exclusiveMinimum": 0},
+                {"type": "string", "description": "a duration (90s, 1h, 7d) or infinity"},
+            ],
+            "description": "seconds during which the same key returns the existing job",
+        },
+        "unique_by": {
+            "type": "array",
+            "items": {"type": "string", "enum": list(UNIQUE_PARTS)},
+            "description": "what the key covers besides the type (default: args, tenant)",
+        },
+        "unique_states": {
+            "type": "array",
+            "items": {"type": "string", "enum": list(KNOWN_STATES)},
+            "description": "the existing job's statuses that make a duplicate",
+        },
+        "unique_keys": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "the args' keys the key covers (default: all)",
         },
     },
 }
@@ -341,6 +366,12 @@ SPEC: Final[dict[str, Any]] = {
                 "responses": {
                     "202": {
                         "description": "Accepted; Location names the job.",
+                        "headers": {"Location": {"schema": {"type": "string"}}},
+                        "content": _JOB,
+                    },
+                    "200": {
+                        "description": "A unique duplicate: the existing job holding the "
+                        "key; Location names it, nothing new was accepted.",
                         "headers": {"Location": {"schema": {"type": "string"}}},
                         "content": _JOB,
                     },

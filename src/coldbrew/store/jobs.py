@@ -46,7 +46,11 @@ class JobRows(StoreBase):
         return await self.get_job(request.id), None
 
     async def get_job(self, job_id: str) -> JobRecord:
+        """The job ``job_id`` names; or, for the message id of a raw delivery that was a
+        unique duplicate, the job it duplicated (looked up only on a miss)."""
         row = await self._fetchrow("get_job", job_id)
+        if row is None:
+            row = await self._fetchrow("get_job_by_alias", job_id)
         if row is None:
             raise JobNotFound(job_id)
         return JobRecord.from_row(row)
