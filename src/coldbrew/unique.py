@@ -177,7 +177,8 @@ def merged(
             return None
         unique_for = INFINITY if base.period is None else base.period
     if base is not None:
+        same_by = unique_by is None or _names("unique_by", unique_by, PARTS) == base.by
+        unique_keys = base.keys if unique_keys is None and same_by else unique_keys
         unique_by = base.by if unique_by is None else unique_by
         unique_states = base.states if unique_states is None else unique_states
-        unique_keys = base.keys if unique_keys is None and unique_by == base.by else unique_keys
     return unique_opts(unique_for, unique_by, unique_states, unique_keys)

@@ -216,10 +216,11 @@ async def test_submit_without_unique_is_one_statement(uclient: Client) -> None:
 
 
 KEY = "acme-key-0123456789"
+GLOBEX_KEY = "globex-key-0123456789"
 
 
 async def test_http_duplicate_is_200_and_bad_options_422(uclient: Client) -> None:
-    app = create_app(uclient, KeyRing({KEY: "acme"}), ApiConfig())
+    app = create_app(uclient, KeyRing({KEY: "acme", GLOBEX_KEY: "globex"}), ApiConfig())
     headers = {"Authorization": f"Bearer {KEY}"}
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://api"
@@ -238,6 +239,18 @@ async def test_http_duplicate_is_200_and_bad_options_422(uclient: Client) -> Non
             "/jobs", json={"type": "crawl", "args": {"domain": "d"}}, headers=headers
         )
         assert (registered.status_code, again.status_code) == (202, 200)
+        # ping is unique by args only: across tenants, which a tenant's key must not see
+        mine = await http.post(
+            "/jobs", json={"type": "ping", "args": {"target": "t"}}, headers=headers
+        )
+        theirs = await http.post(
+            "/jobs",
+            json={"type": "ping", "args": {"target": "t"}},
+            headers={"Authorization": f"Bearer {GLOBEX_KEY}"},
+        )
+        assert (mine.status_code, theirs.status_code) == (202, 409), theirs.text
+        assert theirs.json()["error"]["kind"] == "unique_conflict"
+        assert mine.json()["id"] not in theirs.text
         for bad, kind in (
             ({"unique_for": -5}, "invalid_unique"),
             ({"unique_for": "later"}, "invalid_unique"),

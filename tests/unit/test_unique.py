@@ -129,3 +129,9 @@ def test_a_submission_overrides_its_types_options() -> None:
     assert merged(None, "2m", None, None, None) == UniqueOpts(120.0)
     with pytest.raises(UniqueError, match="needs unique_for"):
         merged(None, None, "args", None, None)
+
+
+def test_a_submission_keeps_its_types_keys_unless_it_changes_the_parts() -> None:
+    base = UniqueOpts(period=60, keys=("domain",))
+    assert merged(base, None, "args, tenant", None, None) == base
+    assert merged(base, None, ("args",), None, None) == UniqueOpts(60.0, ("args",))

@@ -376,6 +376,11 @@ SPEC: Final[dict[str, Any]] = {
                         "content": _JOB,
                     },
                     **_errors(400, 401, 403, 408, 413, 415, 422, 503),
+                    "409": {
+                        "description": "A job of another tenant holds this job's unique key "
+                        "(`unique_conflict`: its unique_by has no tenant); nothing submitted.",
+                        "content": _ERROR,
+                    },
                 },
             }
         },

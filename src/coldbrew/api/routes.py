@@ -80,6 +80,14 @@ async def submit_job(request: Request) -> Response:
         unique_states=None if body.unique_states is None else tuple(body.unique_states),
         unique_keys=None if body.unique_keys is None else tuple(body.unique_keys),
     )
+    if record.duplicate and not principal.may_see(record.tenant):
+        # a key without "tenant" in unique_by spans tenants: say so, show nothing of the job
+        raise ApiError(
+            409,
+            "unique_conflict",
+            "a job of another tenant holds this job's unique key (its unique_by has no "
+            '"tenant"); nothing was submitted',
+        )
     if state.on_submitted is not None and not record.duplicate:
         state.on_submitted(record)
     snapshot = Snapshot.of(record)
