@@ -21,6 +21,7 @@ from coldbrew.client import Client
 from coldbrew.errors import InvalidRequest
 from coldbrew.metrics import Metrics
 from coldbrew.settings import Settings
+from coldbrew.topology import Topology
 from tests.e2e.test_cli import cli_env, run_cli
 from tests.helpers import DATABASE_URL, WorkerFactory, metric, publish_raw, wait_until
 
@@ -276,12 +277,46 @@ async def test_cli_unique_flags(settings: Settings) -> None:
         "--unique-by",
         "args,tenant",
     )
-    first, second = await asyncio.gather(run_cli(env, *args), run_cli(env, *args))
+    # the option checks are the Client's (tested above); the CLI turns them into exit 2
+    bad_flags = ("submit", "plain", "--unique-for", "1h", "--unique-by", "colour")
+    first, second, bad = await asyncio.gather(
+        run_cli(env, *args), run_cli(env, *args), run_cli(env, *bad_flags)
+    )
     assert first.returncode == second.returncode == 0, (first.stderr, second.stderr)
     ids = {json.loads(first.stdout)["id"], json.loads(second.stdout)["id"]}
     assert len(ids) == 1
     assert "a duplicate of job" in first.stderr + second.stderr
-    # the option checks are the Client's (tested above); the CLI turns them into exit 2
-    bad = await run_cli(env, "submit", "plain", "--unique-for", "1h", "--unique-by", "colour")
     assert bad.returncode == 2, bad.stderr
     assert "unknown 'colour'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+async def test_raw_duplicates_of_a_capped_tenant(
+    settings: Settings,
+    unique_app: App,
+    uclient: Client,
+    start_worker: WorkerFactory,
+    amqp: aio_pika.abc.AbstractChannel,
+) -> None:
+    """The capped claim path admits unique deliveries too: one job, the rest acked."""
+    channel = Topology(settings.namespace).tenant_channel
+    await uclient.store.tenants.set_tenant("capped", max_running=1, channel=channel)
+    worker = await start_worker(app=unique_app)
+    ids = [str(uuid.uuid4()) for _ in range(4)]
+    for message_id in ids:
+        await publish_raw(
+            amqp,
+            settings.namespace,
+            raw_body("sync_account", {"account": "cap"}),
+            "default.capped",
+            message_id=message_id,
+        )
+    await wait_until(
+        lambda: _holds(
+            metric(worker, "coldbrew_unique_duplicates_total", type="sync_account", source="amqp")
+            == 3
+        )
+    )
+    jobs = {(await uclient.get(message_id)).id for message_id in ids}
+    assert len(jobs) == 1
+    assert (await uclient.wait(jobs.pop(), timeout=20)).status == "succeeded"
+    assert await count_jobs(settings, "sync_account") == 1
