@@ -54,7 +54,8 @@ class Client:
         self.app = app
         self.metrics: Metrics | None = None
         """Where unique duplicates are counted (``coldbrew_unique_duplicates_total``,
-        source ``client``), when the process exports metrics (``coldbrew api`` does)."""
+        source ``client``); None (not counted) unless the process that owns the client
+        exports metrics and sets it."""
 
     @classmethod
     @asynccontextmanager
