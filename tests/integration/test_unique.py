@@ -20,7 +20,9 @@ from coldbrew.app import App, load_app
 from coldbrew.client import Client
 from coldbrew.errors import InvalidRequest
 from coldbrew.metrics import Metrics
+from coldbrew.model import JobFields
 from coldbrew.settings import Settings
+from coldbrew.store import UniqueKey
 from coldbrew.topology import Topology
 from tests.e2e.test_cli import cli_env, run_cli
 from tests.helpers import DATABASE_URL, WorkerFactory, metric, publish_raw, wait_until
@@ -318,5 +320,34 @@ async def test_raw_duplicates_of_a_capped_tenant(
     )
     jobs = {(await uclient.get(message_id)).id for message_id in ids}
     assert len(jobs) == 1
-    assert (await uclient.wait(jobs.pop(), timeout=20)).status == "succeeded"
+    (job_id,) = jobs
+    assert (await uclient.wait(job_id, timeout=20)).status == "succeeded"
     assert await count_jobs(settings, "sync_account") == 1
+
+
+async def test_admission_maps_a_duplicate_and_its_id_reaches_the_job(
+    uclient: Client, unique_app: App
+) -> None:
+    """The worker's admission (store level, no worker): a free key inserts the row queued;
+    a held one maps the message id, which then reads and cancels the job it names."""
+    spec = unique_app.get("sync_account")
+    assert spec.unique is not None
+    held = await uclient.submit("sync_account", {"account": "adm"})
+
+    def delivery(job_id: str, account: str) -> JobFields:
+        args = spec.validate_args({"account": account})
+        return JobFields(job_id, "sync_account", "default", "default", args, 0, 3, None, None)
+
+    dup = delivery("raw-dup-1", "adm")
+    admission = await uclient.store.unique.admit_delivery(dup, UniqueKey.of(dup, spec.unique))
+    assert admission.duplicate_of == held.id
+    again = await uclient.store.unique.admit_delivery(dup, UniqueKey.of(dup, spec.unique))
+    assert again.duplicate_of == held.id  # a redelivery: the alias answers
+    free = delivery("raw-new-1", "other")
+    assert (
+        await uclient.store.unique.admit_delivery(free, UniqueKey.of(free, spec.unique))
+    ).duplicate_of is None
+    assert (await uclient.get("raw-new-1")).status == "queued"  # the claim would run it
+    assert (await uclient.get("raw-dup-1")).id == held.id
+    cancelled = await uclient.cancel("raw-dup-1")
+    assert (cancelled.id, cancelled.status) == (held.id, "cancelled")

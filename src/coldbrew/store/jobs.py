@@ -64,7 +64,10 @@ class JobRows(StoreBase):
     async def request_cancel(self, job_id: str, reason: str) -> JobRecord:
         row = await self._fetchrow("request_cancel", job_id, reason)
         if row is None:
-            return await self.get_job(job_id)  # raises JobNotFound, or shows the final status
+            record = await self.get_job(job_id)  # raises JobNotFound, or shows the final status
+            if record.id != job_id:  # a raw unique duplicate's message id: cancel its job
+                return await self.request_cancel(record.id, reason)
+            return record
         return JobRecord.from_row(row)
 
     # --- an attempt's own writes (fenced) ------------------------------------------------
