@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from coldbrew.errors import ConfigurationError, InvalidArguments, UnknownJobType
+from coldbrew.unique import UniqueError, UniqueOpts, unique_opts
 
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 JOB_TYPE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
@@ -44,6 +45,8 @@ class JobSpec:
     args_model: type[BaseModel] | None = field(repr=False)
     max_wall_seconds: float | None = None
     on_cancel: Callable[..., Any] | None = None
+    unique: UniqueOpts | None = None
+    """``@app.job(unique_for=...)``: which submissions are this job again (unique.py)."""
     arg_names: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -137,6 +140,10 @@ class App:
         dont_retry_on: tuple[type[BaseException], ...] = (),
         max_wall_seconds: float | None = None,
         on_cancel: Callable[..., Any] | None = None,
+        unique_for: float | str | None = None,
+        unique_by: tuple[str, ...] | None = None,
+        unique_states: tuple[str, ...] | None = None,
+        unique_keys: tuple[str, ...] | None = None,
     ) -> Callable[[F], F]:
         """Register a job. Coroutine functions run on the event loop, plain ones in the pool.
 
@@ -144,6 +151,12 @@ class App:
         retry, whatever ``max_attempts`` allows. ``on_cancel(ctx, reason)`` is an
         async cleanup hook run on the worker after a cancelled job stopped (for
         pool jobs, after its child was killed).
+
+        ``unique_for`` (seconds, ``"1h"``, or ``"infinity"``) makes a submission
+        with the same key as a job created within that period, and still in one
+        of ``unique_states``, return that job (README "Unique jobs";
+        ``unique_by``: ``args``, ``tenant``, ``queue``; ``unique_keys``: the
+        args' keys that count).
         """
 
         def register(func: F) -> F:
@@ -165,6 +178,10 @@ class App:
                 raise ConfigurationError(f"job {job_name!r}: max_wall_seconds must be positive")
             if on_cancel is not None and not inspect.iscoroutinefunction(on_cancel):
                 raise ConfigurationError(f"job {job_name!r}: on_cancel must be an async function")
+            try:
+                unique = unique_opts(unique_for, unique_by, unique_states, unique_keys)
+            except UniqueError as exc:
+                raise ConfigurationError(f"job {job_name!r}: {exc}") from None
             self.jobs[job_name] = JobSpec(
                 name=job_name,
                 func=func,
@@ -177,6 +194,7 @@ class App:
                 args_model=_build_args_model(job_name, func),
                 max_wall_seconds=max_wall_seconds,
                 on_cancel=on_cancel,
+                unique=unique,
             )
             return func
 

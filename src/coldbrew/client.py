@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +20,7 @@ import structlog
 from coldbrew import storable
 from coldbrew.app import App
 from coldbrew.errors import BrokerUnavailable, InvalidRequest, JobNotFound
+from coldbrew.metrics import Metrics
 from coldbrew.model import (
     JobFields,
     JobRecord,
@@ -29,9 +31,10 @@ from coldbrew.model import (
     new_job_id,
 )
 from coldbrew.settings import Settings, load_settings
-from coldbrew.store import ClaimRequest, JobStore
+from coldbrew.store import ClaimRequest, JobStore, UniqueKey
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker
+from coldbrew.unique import UniqueError, UniqueOpts, merged
 
 log = structlog.get_logger("coldbrew.client")
 
@@ -49,6 +52,10 @@ class Client:
         self.store = store
         self.broker = broker
         self.app = app
+        self.metrics: Metrics | None = None
+        """Where unique duplicates are counted (``coldbrew_unique_duplicates_total``,
+        source ``client``); None (not counted) unless the process that owns the client
+        exports metrics and sets it."""
 
     @classmethod
     @asynccontextmanager
@@ -93,8 +100,28 @@ class Client:
         job_id: str | None = None,
         max_attempts: int | None = None,
         timeout: float | None = None,
+        unique_for: float | str | None = None,
+        unique_by: tuple[str, ...] | str | None = None,
+        unique_states: tuple[str, ...] | str | None = None,
+        unique_keys: tuple[str, ...] | str | None = None,
     ) -> JobRecord:
-        """Submit a job and return its record; the same idempotency key returns the same job."""
+        """Submit a job and return its record; the same idempotency key returns the same job.
+
+        ``unique_for`` and its companions (README "Unique jobs") override the type's
+        ``@app.job(unique_for=...)`` for this submission: while a job with the same key
+        stands, its record is returned with ``duplicate=True`` and nothing is published.
+        """
+        spec = self.app.jobs.get(type) if self.app is not None else None
+        try:
+            opts = merged(
+                spec.unique if spec is not None else None,
+                unique_for,
+                unique_by,
+                unique_states,
+                unique_keys,
+            )
+        except UniqueError as exc:
+            raise InvalidRequest("invalid_unique", str(exc)) from None
         request = self._request(
             type,
             dict(args or {}),
@@ -106,10 +133,26 @@ class Client:
             max_attempts,
             timeout,
         )
+        if opts is not None:
+            return await self._submit_unique(request, opts)
         record, mark = await self.store.jobs.insert_job(
             request, relay_grace=self.settings.relay_grace_seconds
         )
         if mark is not None:  # a new job (an existing one keeps its own publishing)
+            await self._publish(request, mark)
+        return record
+
+    async def _submit_unique(self, request: ClaimRequest, opts: UniqueOpts) -> JobRecord:
+        """Insert the job unless its unique key's holder stands; return the holder then."""
+        record, mark, duplicate = await self.store.unique.insert(
+            request, UniqueKey.of(request, opts), relay_grace=self.settings.relay_grace_seconds
+        )
+        if duplicate:
+            if self.metrics is not None:
+                self.metrics.unique_duplicates.labels(request.type, "client").inc()
+            log.debug("unique_duplicate", type=request.type, job_id=record.id)
+            return replace(record, duplicate=True)
+        if mark is not None:
             await self._publish(request, mark)
         return record
 

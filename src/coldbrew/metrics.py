@@ -120,6 +120,7 @@ class Metrics:
         self._init_fleet_metrics(registry)
         self._init_intake_metrics(registry)
         self._init_reconcile_metrics(registry)
+        self._init_unique_metrics(registry)
         self._handles: dict[tuple[str, str], JobHandles] = {}
         # Known label values exist from the start, so rate() sees the first increment.
         for cause in REDELIVERY_CAUSES:
@@ -256,6 +257,17 @@ class Metrics:
             "coldbrew_breaker_state",
             "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
             ["name"],
+            registry=reg,
+        )
+
+    def _init_unique_metrics(self, reg: CollectorRegistry) -> None:
+        """Unique jobs (unique.py): submissions that returned an existing job."""
+        self.unique_duplicates = Counter(
+            "coldbrew_unique_duplicates_total",
+            "Submissions of a unique job type that found a job holding their key and "
+            "returned it instead of creating one, by type and source (client: a Client, so "
+            "coldbrew submit and the API; amqp: a raw delivery a worker acked).",
+            ["type", "source"],
             registry=reg,
         )
 

@@ -443,6 +443,9 @@ class JobRecord:
     run_at: datetime
     cancel_requested: bool
     args: dict[str, Any]
+    duplicate: bool = False
+    """Set on what a submission returned when it was a unique duplicate: this is the
+    existing job that holds its key (unique.py), not a new one. Never stored."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobRecord:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from coldbrew.model import MAX_PRIORITY, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS
+from coldbrew.unique import KNOWN_STATES, MAX_PERIOD_SECONDS
+from coldbrew.unique import PARTS as UNIQUE_PARTS
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -103,6 +105,37 @@ _SUBMIT_SCHEMA: dict[str, Any] = {
             "type": "number",
             "minimum": MIN_TIMEOUT_SECONDS,
             "exclusiveMaximum": MAX_TIMEOUT_SECONDS,
+        },
+        # unique jobs (README "Unique jobs"): a duplicate answers 200 with the existing job
+        "unique_for": {
+            "oneOf": [
+                {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_PERIOD_SECONDS},
+                {
+                    "type": "string",
+                    "pattern": r"^\s*(infinity|inf|\d+(\.\d+)?|(\d+(\.\d+)?(ms|s|m|h|d|w))+)\s*$",
+                    "description": "a duration (90s, 1h, 7d; above 0, at most 10 years) "
+                    "or infinity",
+                },
+            ],
+            "description": "seconds during which the same key returns the existing job",
+        },
+        "unique_by": {
+            "type": "array",
+            "items": {"type": "string", "enum": list(UNIQUE_PARTS)},
+            "minItems": 1,
+            "description": "what the key covers besides the type (default: args, tenant)",
+        },
+        "unique_states": {
+            "type": "array",
+            "items": {"type": "string", "enum": list(KNOWN_STATES)},
+            "minItems": 1,
+            "description": "the existing job's statuses that make a duplicate",
+        },
+        "unique_keys": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 1,
+            "description": "the args' keys the key covers (default: all); needs args in unique_by",
         },
     },
 }
@@ -344,7 +377,18 @@ SPEC: Final[dict[str, Any]] = {
                         "headers": {"Location": {"schema": {"type": "string"}}},
                         "content": _JOB,
                     },
+                    "200": {
+                        "description": "A unique duplicate: the existing job holding the "
+                        "key; Location names it, nothing new was accepted.",
+                        "headers": {"Location": {"schema": {"type": "string"}}},
+                        "content": _JOB,
+                    },
                     **_errors(400, 401, 403, 408, 413, 415, 422, 503),
+                    "409": {
+                        "description": "A job of another tenant holds this job's unique key "
+                        "(`unique_conflict`: its unique_by has no tenant); nothing submitted.",
+                        "content": _ERROR,
+                    },
                 },
             }
         },

@@ -75,13 +75,25 @@ async def submit_job(request: Request) -> Response:
         idempotency_key=_idempotency_key(request),
         max_attempts=body.max_attempts,
         timeout=body.timeout_seconds,
+        unique_for=body.unique_for,
+        unique_by=None if body.unique_by is None else tuple(body.unique_by),
+        unique_states=None if body.unique_states is None else tuple(body.unique_states),
+        unique_keys=None if body.unique_keys is None else tuple(body.unique_keys),
     )
-    if state.on_submitted is not None:
+    if record.duplicate and not principal.may_see(record.tenant):
+        # a key without "tenant" in unique_by spans tenants: say so, show nothing of the job
+        raise ApiError(
+            409,
+            "unique_conflict",
+            "a job of another tenant holds this job's unique key (its unique_by has no "
+            '"tenant"); nothing was submitted',
+        )
+    if state.on_submitted is not None and not record.duplicate:
         state.on_submitted(record)
     snapshot = Snapshot.of(record)
     return JSONResponse(
         snapshot.status,
-        status_code=202,
+        status_code=200 if record.duplicate else 202,  # 200: a unique duplicate, nothing new
         headers={"Location": f"/jobs/{record.id}", "ETag": snapshot.etag, **NO_CACHE},
     )
 

@@ -39,6 +39,11 @@ class SubmitBody(BaseModel):
     timeout_seconds: Annotated[
         float | None, Field(ge=MIN_TIMEOUT_SECONDS, lt=MAX_TIMEOUT_SECONDS)
     ] = None
+    # unique jobs: the values are checked by Client.submit (unique.py), 422 invalid_unique
+    unique_for: float | str | None = None
+    unique_by: list[str] | None = None
+    unique_states: list[str] | None = None
+    unique_keys: list[str] | None = None
 
 
 def parse_submit(body: bytes) -> SubmitBody:

@@ -45,6 +45,17 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     submit.add_argument("--max-attempts", type=int)
     submit.add_argument("--app", metavar="MODULE:APP", help="validate args and pick the lane")
     add_app_dir(submit)
+    submit.add_argument(
+        "--unique-for",
+        metavar="DURATION",
+        help="while a job with the same key is younger than this (90s, 1h, infinity), "
+        "return it instead of a new one",
+    )
+    submit.add_argument(
+        "--unique-by", metavar="PARTS", help="what the key covers: args,tenant,queue"
+    )
+    submit.add_argument("--unique-states", metavar="STATES", help="e.g. queued,running")
+    submit.add_argument("--unique-keys", metavar="KEYS", help="the args' keys the key covers")
     submit.add_argument("--wait", action="store_true", help="wait for a terminal status")
     submit.add_argument("--timeout", type=float, default=300.0, help="how long --wait waits")
 
@@ -101,7 +112,13 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
             priority=args.priority,
             idempotency_key=args.idempotency_key,
             max_attempts=args.max_attempts,
+            unique_for=args.unique_for,
+            unique_by=args.unique_by,
+            unique_states=args.unique_states,
+            unique_keys=args.unique_keys,
         )
+        if record.duplicate:
+            print(f"coldbrew: a duplicate of job {record.id} (unique)", file=sys.stderr)
         if args.wait:
             record = await client.wait(record.id, timeout=args.timeout)
         print_json(record.to_status_json())

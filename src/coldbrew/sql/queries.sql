@@ -816,3 +816,76 @@ ORDER BY w.started_at, w.id;
 -- name: server_clock
 -- The server's time and start time: the reaper's contact with PostgreSQL, and whether the server restarted (no parameters)
 SELECT now() AS now, pg_postmaster_start_time() AS server_started;
+
+-- --- Unique jobs (issue #15; 0008_unique.sql) -------------------------------------
+
+-- name: insert_unique_job
+-- Submit a job unique for its key, in one statement: unless a job with its id exists (an idempotency key wins), take the key when it is free, or its holder was created before the period or is in none of the states, and insert the job queued and unpublished; returns the new row, or nothing when the key's holder (find_unique_holder) or the id's job stands ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds, $11 unique key, $12 unique states, $13 period seconds or NULL for ever)
+WITH taken AS (
+    INSERT INTO job_unique AS u (key, job_id)
+    SELECT $11, $1
+    WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = $1)
+    ON CONFLICT (key) DO UPDATE SET job_id = excluded.job_id, created_at = now()
+    WHERE ($13::float8 IS NOT NULL AND u.created_at <= now() - make_interval(secs => $13::float8))
+       OR EXISTS (SELECT 1 FROM jobs AS j
+                  WHERE j.id = u.job_id AND NOT (j.status::text = ANY ($12::text[])))
+    RETURNING u.job_id
+)
+INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
+                  idempotency_key, publish_after)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10)
+FROM taken
+ON CONFLICT (id) DO NOTHING
+RETURNING *;
+
+-- name: find_unique_holder
+-- After a submission that did not insert: the job its id names if it exists, else the job holding its unique key; "duplicate" says which ($1 id, $2 unique key)
+SELECT j.*, false AS duplicate FROM jobs AS j WHERE j.id = $1
+UNION ALL
+SELECT j.*, true AS duplicate
+FROM job_unique AS u JOIN jobs AS j ON j.id = u.job_id
+WHERE u.key = $2 AND NOT EXISTS (SELECT 1 FROM jobs WHERE id = $1)
+LIMIT 1;
+
+-- name: admit_unique_delivery
+-- A delivery of a unique type whose row may not exist (a raw AMQP producer): if its id names a job or an alias, report it; else take the key as insert_unique_job does and insert the row queued (the claim that follows runs it); "known" is the id's job or alias target, "taken" our id when we inserted ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 unique key, $11 unique states, $12 period seconds or NULL for ever)
+WITH known AS (
+    SELECT id FROM jobs WHERE id = $1
+    UNION ALL
+    SELECT job_id FROM job_aliases WHERE id = $1
+),
+taken AS (
+    INSERT INTO job_unique AS u (key, job_id)
+    SELECT $10, $1
+    WHERE NOT EXISTS (SELECT 1 FROM known)
+    ON CONFLICT (key) DO UPDATE SET job_id = excluded.job_id, created_at = now()
+    WHERE ($12::float8 IS NOT NULL AND u.created_at <= now() - make_interval(secs => $12::float8))
+       OR EXISTS (SELECT 1 FROM jobs AS j
+                  WHERE j.id = u.job_id AND NOT (j.status::text = ANY ($11::text[])))
+    RETURNING u.job_id
+),
+inserted AS (
+    INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
+                      idempotency_key)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
+    FROM taken
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT id FROM known LIMIT 1) AS known, (SELECT id FROM inserted) AS taken;
+
+-- name: alias_unique_duplicate
+-- A raw delivery that is a duplicate: map its message id to the job holding its unique key, and return that job's id (NULL: the key has no holder now; try again) ($1 message id, $2 unique key)
+WITH holder AS (
+    SELECT job_id FROM job_unique WHERE key = $2
+),
+aliased AS (
+    INSERT INTO job_aliases (id, job_id)
+    SELECT $1, job_id FROM holder WHERE job_id <> $1
+    ON CONFLICT (id) DO NOTHING
+)
+SELECT job_id FROM holder;
+
+-- name: get_job_by_alias
+-- The job a duplicate's message id was mapped to ($1 message id)
+SELECT j.* FROM job_aliases AS a JOIN jobs AS j ON j.id = a.job_id WHERE a.id = $1;

@@ -145,3 +145,18 @@ CREATE TABLE workers (
     started_at      timestamptz NOT NULL DEFAULT now(),
     heartbeat_at    timestamptz NOT NULL DEFAULT now()
 );
+
+-- Unique jobs (0008_unique.sql)
+CREATE TABLE job_unique (
+    key         text PRIMARY KEY,
+    job_id      text NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX job_unique_job ON job_unique (job_id);
+
+CREATE TABLE job_aliases (
+    id          text PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 128),
+    job_id      text NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX job_aliases_job ON job_aliases (job_id);

@@ -56,12 +56,14 @@ from coldbrew.store.records import (
 )
 from coldbrew.store.stats import StatsStore
 from coldbrew.store.tenants import TENANTS_CHANGED, TenantStore
+from coldbrew.store.unique import Admission, UniqueKey, UniqueRows
 
 __all__ = [
     "CONNECTION_ERRORS",
     "GATHER_TURNS",
     "KEYED_BATCH_PLANS",
     "TENANTS_CHANGED",
+    "Admission",
     "CapClaim",
     "CapLocks",
     "CapRoom",
@@ -90,6 +92,8 @@ __all__ = [
     "StatsStore",
     "TenantSettings",
     "TenantStore",
+    "UniqueKey",
+    "UniqueRows",
     "WaitingCount",
     "WorkerBeat",
     "WorkerInfo",

@@ -46,7 +46,11 @@ class JobRows(StoreBase):
         return await self.get_job(request.id), None
 
     async def get_job(self, job_id: str) -> JobRecord:
+        """The job ``job_id`` names; or, for the message id of a raw delivery that was a
+        unique duplicate, the job it duplicated (looked up only on a miss)."""
         row = await self._fetchrow("get_job", job_id)
+        if row is None:
+            row = await self._fetchrow("get_job_by_alias", job_id)
         if row is None:
             raise JobNotFound(job_id)
         return JobRecord.from_row(row)
@@ -60,7 +64,10 @@ class JobRows(StoreBase):
     async def request_cancel(self, job_id: str, reason: str) -> JobRecord:
         row = await self._fetchrow("request_cancel", job_id, reason)
         if row is None:
-            return await self.get_job(job_id)  # raises JobNotFound, or shows the final status
+            record = await self.get_job(job_id)  # raises JobNotFound, or shows the final status
+            if record.id != job_id:  # a raw unique duplicate's message id: cancel its job
+                return await self.request_cancel(record.id, reason)
+            return record
         return JobRecord.from_row(row)
 
     # --- an attempt's own writes (fenced) ------------------------------------------------

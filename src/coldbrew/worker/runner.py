@@ -35,7 +35,7 @@ from coldbrew.jobstate import Delivery, InFlight, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
 from coldbrew.procpool import ProcessPool
 from coldbrew.settings import Settings
-from coldbrew.store import ClaimRequest, ClaimResult, JobStore, Outcome
+from coldbrew.store import Admission, ClaimRequest, ClaimResult, JobStore, Outcome, UniqueKey
 from coldbrew.transport import Broker
 from coldbrew.worker import outcomes
 from coldbrew.worker.dead_letters import DeadLetters
@@ -43,7 +43,7 @@ from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.recorder import OutcomeWriter
 
 log = structlog.get_logger("coldbrew.runner")
-C = TypeVar("C", ClaimResult, ClaimResult | Capped)
+C = TypeVar("C", ClaimResult, ClaimResult | Capped, Admission)
 
 
 class JobRunner:
@@ -96,6 +96,8 @@ class JobRunner:
         """Claim, ack, run and record one delivery of no capped scope. Never raises
         (but CancelledError)."""
         request = self._claim_request(delivery)
+        if not await self._admitted(delivery, request):
+            return
         claim = await self._claim(delivery, lambda: self.store.claims.claim(request))
         if claim is not None:
             await self.run_claimed(delivery, claim)
@@ -104,7 +106,30 @@ class JobRunner:
         """The claim of a job whose tenant or type has a fleet-wide cap (caps/claim.py):
         ``Capped`` when the cap left no room; the caller holds the delivery then."""
         request = self._claim_request(delivery)
+        if not await self._admitted(delivery, request):
+            return None
         return await self._claim(delivery, lambda: claim_capped(self.store.caps, request))
+
+    async def _admitted(self, delivery: Delivery, request: ClaimRequest) -> bool:
+        """Whether to claim the delivery: a job of a unique type whose row a raw producer
+        left to the worker first takes its key (``store.unique``). A duplicate is acked and
+        counted, its message id mapped to the job it duplicates; False then, or when the
+        admission was refused or handed back as a claim would be."""
+        opts = delivery.spec.unique
+        if opts is None:  # the hot path: no statement, no lookup
+            return True
+        unique = UniqueKey.of(request, opts, delivery.args)
+        admission = await self._claim(
+            delivery, lambda: self.store.unique.admit_delivery(request, unique)
+        )
+        if admission is None:
+            return False
+        if admission.duplicate_of is None:
+            return True
+        self.metrics.unique_duplicates.labels(request.type, "amqp").inc()
+        log.info("unique_duplicate", job_id=request.id, duplicate_of=admission.duplicate_of)
+        await delivery.message.ack()
+        return False
 
     async def _claim(self, delivery: Delivery, op: Callable[[], Awaitable[C]]) -> C | None:
         """Upsert and claim the delivery's job, waiting out a database outage.
