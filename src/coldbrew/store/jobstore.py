@@ -21,6 +21,7 @@ from coldbrew.sql import LATEST_VERSION
 from coldbrew.store.base import Database, StoreBase, open_pool
 from coldbrew.store.caps import CapStore
 from coldbrew.store.claims import CLAIM_COMMITS, ClaimConfig, ClaimStore
+from coldbrew.store.cron import CronStore
 from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.leases import LeaseStore
@@ -58,6 +59,8 @@ class JobStore(StoreBase):
         """Workers' rows and liveness locks, the server's clock, dead workers' jobs."""
         self.reconcile = ReconcileStore(db)
         """The reconcile passes' lock and looks, and workers' holding reports."""
+        self.cron = CronStore(db)
+        """Cron schedules: declarations, watermarks, the firing transaction, pauses."""
 
     @classmethod
     @asynccontextmanager
