@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from coldbrew import logs
-from coldbrew.cli import fleet, inspect, jobs, services
+from coldbrew.cli import cron, fleet, inspect, jobs, services
 from coldbrew.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -29,7 +29,7 @@ from coldbrew.cli.common import (
 from coldbrew.errors import ColdbrewError, ConfigurationError, JobNotFound, ServiceUnavailable
 from coldbrew.settings import load_settings
 
-GROUPS = (jobs, inspect, fleet, services)
+GROUPS = (jobs, inspect, fleet, services, cron)
 HANDLERS: dict[str, Handler] = {
     command: handler for group in GROUPS for command, handler in group.HANDLERS.items()
 }
