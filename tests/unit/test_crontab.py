@@ -128,8 +128,8 @@ def test_config_schedules_parse_and_fail_naming_the_variable(
             "declared twice",
         ),
     ]:
+        monkeypatch.setenv("COLDBREW_CRON", text)
         with pytest.raises(ConfigurationError, match="COLDBREW_CRON") as caught:
-            monkeypatch.setenv("COLDBREW_CRON", text)
             load_settings()
         assert message in str(caught.value)
 
