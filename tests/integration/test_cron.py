@@ -252,6 +252,31 @@ async def test_an_empty_table_lists_clearly(
     assert json.loads(out) == []
 
 
+async def test_a_removed_schedule_stops_firing_and_shows_orphaned(
+    start_worker: WorkerFactory, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = await start_worker(load_app("tests.cron_apps:app"))
+    await wait_until(lambda: _has_jobs(settings.namespace, "every-second", 1), timeout=10)
+    await stop(old)
+    fired = len(await tick_jobs(settings.namespace, "every-second"))
+    await start_worker(load_app("tests.cron_apps:daily"))  # the release without it
+    await asyncio.sleep(2.0)
+    assert len(await tick_jobs(settings.namespace, "every-second")) == fired
+    conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": settings.namespace})
+    try:  # as if no worker had declared it for an hour
+        await conn.execute(
+            "UPDATE cron_schedules SET seen_at = now() - interval '1 hour'"
+            " WHERE name = 'every-second'"
+        )
+    finally:
+        await conn.close()
+    code, out, _ = await cli(capsys, settings, "cron", "list", "--json")
+    states = {entry["name"]: (entry["state"], entry["next_tick"]) for entry in json.loads(out)}
+    assert states["every-second"] == ("orphaned", None)
+    assert states["morning"][0] == "active"
+    assert states["morning"][1] is not None
+
+
 def test_bad_configured_schedules_fail_at_start_up(settings: Settings) -> None:
     app = load_app("tests.cron_apps:daily")
     for cron, message in [

@@ -94,33 +94,36 @@ class CronService:
     async def declare(self) -> None:
         """Upsert every declared schedule (at start-up, before the first look)."""
         for spec in self.schedules.values():
-            job = self.app.get(spec.type)
-            declared = await self.store.cron.declare(
-                CronDefinition(
-                    spec.name,
-                    spec.expression,
-                    spec.tz,
-                    spec.type,
-                    dict(spec.args),
-                    job.queue,
-                    spec.tenant,
-                    spec.priority,
-                    job.max_attempts or self.settings.max_attempts,
-                    job.timeout,
-                    spec.catch_up,
-                    spec.max_catch_up,
-                )
-            )
-            if declared.created or declared.edited:
-                log.info(
-                    "cron_schedule_declared",
-                    schedule=spec.name,
-                    expression=spec.expression,
-                    tz=spec.tz,
-                    edited=declared.edited,
-                    next_tick=spec.next_tick(declared.row.last_tick).isoformat(),
-                )
+            await self._declare_one(spec)
         self._seen_at = time.monotonic()
+
+    async def _declare_one(self, spec: CronSpec) -> None:
+        job = self.app.get(spec.type)
+        declared = await self.store.cron.declare(
+            CronDefinition(
+                spec.name,
+                spec.expression,
+                spec.tz,
+                spec.type,
+                dict(spec.args),
+                job.queue,
+                spec.tenant,
+                spec.priority,
+                job.max_attempts or self.settings.max_attempts,
+                job.timeout,
+                spec.catch_up,
+                spec.max_catch_up,
+            )
+        )
+        if declared.created or declared.edited:
+            log.info(
+                "cron_schedule_declared",
+                schedule=spec.name,
+                expression=spec.expression,
+                tz=spec.tz,
+                edited=declared.edited,
+                next_tick=spec.next_tick(declared.row.last_tick).isoformat(),
+            )
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = Backoff(first=0.2, cap=5.0)
@@ -143,6 +146,8 @@ class CronService:
         """Fire what is due now; return how long to sleep (until the next tick, capped)."""
         names = list(self.schedules)
         marks = await self.store.cron.watermarks(names)
+        for name in set(names) - {mark.name for mark in marks}:  # a row deleted by hand
+            await self._declare_one(self.schedules[name])
         if time.monotonic() - self._seen_at >= SEEN_SECONDS:
             await self.store.cron.seen(names)
             self._seen_at = time.monotonic()
