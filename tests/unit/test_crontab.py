@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -242,3 +243,15 @@ def test_tick_ids_are_derived_and_read_back() -> None:
 def _take(iterator: object, count: int) -> list[datetime]:
     it = iter(iterator)  # type: ignore[call-overload]
     return [next(it) for _ in range(count)]
+
+
+def test_config_schedules_may_come_from_a_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``COLDBREW_CRON_FILE``, like every setting's ``_FILE`` variant."""
+    path = tmp_path / "cron.json"
+    path.write_text('[{"type": "cleanup", "expression": "*/15 * * * *"}]\n', encoding="utf-8")
+    monkeypatch.delenv("COLDBREW_CRON", raising=False)
+    monkeypatch.setenv("COLDBREW_CRON_FILE", str(path))
+    (spec,) = load_settings().cron_schedules
+    assert (spec.name, spec.type, spec.expression) == ("cleanup", "cleanup", "*/15 * * * *")
