@@ -53,15 +53,15 @@ async def test_kill_9_of_the_worker_that_fired_last_loses_and_doubles_no_tick(
     fleet: Fleet, settings: Settings
 ) -> None:
     await fleet.start(3)
-    await asyncio.sleep(2.5)
+    await asyncio.sleep(2.0)
     await asyncio.sleep(1 - time.time() % 1 + 0.008)  # as the tick is being fired
     marks = {worker.pid: await last_tick_of(worker) for worker in fleet.workers}
     victim = max(fleet.workers, key=lambda w: marks[w.pid])
     assert marks[victim.pid] > 0, "no worker reported a fired tick"
     fleet.kill(victim, signal.SIGKILL)
-    await asyncio.sleep(2.0)
+    await asyncio.sleep(1.5)
     await fleet.wait_ready(fleet.start_one())
-    await asyncio.sleep(2.0)
+    await asyncio.sleep(1.5)
     fleet.stop_all()
     ticks = [tick for tick, _, _ in await tick_jobs(settings.namespace, "every-second")]
     assert len(ticks) >= 6

@@ -81,7 +81,7 @@ async def test_three_workers_fire_each_tick_once_through_restarts(
 ) -> None:
     app = load_app("tests.cron_apps:app")
     workers = [await start_worker(app) for _ in range(3)]
-    await asyncio.sleep(2.5)
+    await asyncio.sleep(2.0)
     # stop the worker that decided the latest tick, just after a tick boundary
     await until_just_after_a_tick(0.005)
     last = max(
@@ -91,9 +91,9 @@ async def test_three_workers_fire_each_tick_once_through_restarts(
         ),
     )
     await stop(last)
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(1.0)
     workers.append(await start_worker(app))
-    await asyncio.sleep(2.5)
+    await asyncio.sleep(2.0)
     jobs = await tick_jobs(settings.namespace, "every-second")
     ticks = [tick for tick, _, _ in jobs]
     assert len(ticks) >= 6
@@ -109,7 +109,7 @@ async def test_three_workers_fire_each_tick_once_through_restarts(
         >= len(ticks) - 2
     )
     lag = fleet_sum(workers, "coldbrew_cron_start_lag_seconds_sum", schedule="every-second")
-    assert 0 < lag / max(1, len(ticks)) < 1.0, "ticks start within a second, on average"
+    assert 0 < lag / max(1, len(ticks)) < 2.0, "ticks start within seconds, on average"
 
 
 async def test_catch_up_policies_after_a_fleet_outage(
@@ -123,7 +123,7 @@ async def test_catch_up_policies_after_a_fleet_outage(
     for worker in first:
         await stop(worker)
     before = {name: await tick_jobs(settings.namespace, name) for name in ("latest", "all", "none")}
-    await asyncio.sleep(5.0)
+    await asyncio.sleep(4.5)
     second = [await start_worker(app, cron_grace_seconds=GRACE) for _ in range(2)]
     await asyncio.sleep(2.5)
     for name in ("latest", "all", "none"):
@@ -166,7 +166,7 @@ async def test_editing_an_expression_reruns_no_tick(
     decided = (await tick_jobs(settings.namespace, "edited"))[-1][0]
     await asyncio.sleep(2.2)  # ticks missed under the old expression (catch_up="all")
     new = await start_worker(load_app("tests.cron_apps:after_edit"))
-    await asyncio.sleep(3.0)
+    await asyncio.sleep(2.5)
     jobs = await tick_jobs(settings.namespace, "edited")
     after = [tick for tick, _, _ in jobs if tick > decided]
     assert after, "the edited schedule fires"
