@@ -307,3 +307,32 @@ async def test_a_bad_expression_stops_the_worker_naming_the_schedule(settings: S
     assert "COLDBREW_CRON" in result.stderr
     assert "cron schedule 'evening'" in result.stderr
     assert "invalid cron expression '0 25 * * *'" in result.stderr
+
+
+async def test_racing_firings_of_one_tick_make_one_job(settings: Settings) -> None:
+    """Ten concurrent compare-and-swaps of one watermark: one commits its job, nine nothing."""
+    from coldbrew.client import Client
+    from coldbrew.crontab import tick_job_id
+    from coldbrew.store import CronDefinition
+
+    app = load_app("tests.cron_apps:app")
+    async with Client.connect(settings, app=app, broker=False) as client:
+        store = client.store
+        definition = CronDefinition(
+            "race", "* * * * * *", "UTC", "tick", {}, "default", "default", 0, 3, None, "all", 10
+        )
+        await store.cron.declare(definition)
+        await asyncio.sleep(1.1)  # a tick is due
+        (mark,) = await store.cron.watermarks(["race"])
+        tick = mark.now.replace(microsecond=0)
+        request = client.prepare("tick", {}, job_id=tick_job_id("race", tick))
+        results = await asyncio.gather(
+            *(store.cron.fire(mark, tick, [request], relay_grace=60) for _ in range(10))
+        )
+        won = [result for result in results if result is not None]
+        assert len(won) == 1
+        assert [r.id for r, _ in won[0]] == [request.id]
+        (after,) = await store.cron.watermarks(["race"])
+        assert after.last_tick == tick
+        # a stale watermark (read before the swap) decides nothing, ever
+        assert await store.cron.fire(mark, tick, [request], relay_grace=60) is None
