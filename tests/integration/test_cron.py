@@ -275,6 +275,14 @@ async def test_a_removed_schedule_stops_firing_and_shows_orphaned(
     assert states["every-second"] == ("orphaned", None)
     assert states["morning"][0] == "active"
     assert states["morning"][1] is not None
+    code, out, _ = await cli(capsys, settings, "cron", "remove", "every-second")
+    assert code == 0
+    assert "removed" in out
+    code, out, _ = await cli(capsys, settings, "cron", "list", "--json")
+    assert [entry["name"] for entry in json.loads(out)] == ["morning"]
+    code, _, err = await cli(capsys, settings, "cron", "remove", "every-second")
+    assert code == 1
+    assert "no cron schedule named 'every-second'" in err
 
 
 def test_bad_configured_schedules_fail_at_start_up(settings: Settings) -> None:

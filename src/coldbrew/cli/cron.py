@@ -1,4 +1,4 @@
-"""``coldbrew cron``: list the schedules, pause and resume one, run one now."""
+"""``coldbrew cron``: list the schedules, pause and resume one, run one now, remove one."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def add_commands(sub: Subparsers[Parser]) -> None:
-    """``coldbrew cron list|pause|resume|trigger``."""
+    """``coldbrew cron list|pause|resume|trigger|remove``."""
     cron = sub.add_parser("cron", help="list cron schedules, pause, resume or run one now")
     cron_sub = cron.add_subparsers(dest="cron_command", required=True, parser_class=Parser)
     listing = cron_sub.add_parser("list", help="every schedule: next and last tick, status")
@@ -25,6 +25,7 @@ def add_commands(sub: Subparsers[Parser]) -> None:
         ("pause", "stop firing a schedule (ticks while paused are not caught up)"),
         ("resume", "fire it again from its next tick"),
         ("trigger", "enqueue one run now, outside the schedule"),
+        ("remove", "delete a schedule no release declares any more (an orphaned one)"),
     ):
         cron_sub.add_parser(verb, help=text).add_argument("name")
 
@@ -45,6 +46,14 @@ async def cmd_cron(args: argparse.Namespace, settings: Settings) -> int:
         await store.check_schema()
         if command == "list":
             return await _list(store, as_json=args.json)
+        if command == "remove":
+            if not await store.cron.delete(name):
+                return _unknown(name)
+            print(
+                f"coldbrew: cron schedule {name!r} removed (a running worker that still "
+                "declares it declares it again, from its next tick)"
+            )
+            return EXIT_OK
         row = await store.cron.set_paused(name, command == "pause")
     if row is None:
         return _unknown(name)

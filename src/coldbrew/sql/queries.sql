@@ -880,3 +880,7 @@ SET last_tick = CASE WHEN paused AND NOT $2 THEN greatest(last_tick, now()) ELSE
     paused = $2, updated_at = now()
 WHERE name = $1
 RETURNING *;
+
+-- name: cron_delete
+-- Delete a schedule's row (a running worker that still declares it declares it again, from now) ($1 name)
+DELETE FROM cron_schedules WHERE name = $1 RETURNING name;

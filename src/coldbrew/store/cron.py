@@ -207,3 +207,7 @@ class CronStore(StoreBase):
         """Pause or resume; None for an unknown name."""
         row = await self._fetchrow("cron_set_paused", name, paused)
         return None if row is None else CronRow.from_row(row)
+
+    async def delete(self, name: str) -> bool:
+        """Delete a schedule's row; False for an unknown name."""
+        return await self._fetchval("cron_delete", name) is not None
