@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from coldbrew.crontab import CatchUp, CronSpec, make_spec
 from coldbrew.errors import ConfigurationError, InvalidArguments, UnknownJobType
 from coldbrew.unique import UniqueError, UniqueOpts, unique_opts
 
@@ -126,6 +127,8 @@ class App:
             raise ConfigurationError(f"queue name {default_queue!r} must match {NAME_RE.pattern}")
         self.default_queue = default_queue
         self.jobs: dict[str, JobSpec] = {}
+        self.schedules: dict[str, CronSpec] = {}
+        """Cron schedules by name (``@app.cron``); each enqueues one of ``jobs``."""
         self.ref: str | None = None  # "module:attr", set by load_app; the process pool needs it
         self.app_dir: str | None = None  # where load_app imported it from; the pool children too
 
@@ -199,6 +202,69 @@ class App:
             return func
 
         return register
+
+    def cron(
+        self,
+        expression: str,
+        *,
+        tz: str = "UTC",
+        args: Mapping[str, Any] | None = None,
+        catch_up: CatchUp = "latest",
+        max_catch_up: int = 10,
+        name: str | None = None,
+        tenant: str = "default",
+        priority: int = 0,
+    ) -> Callable[[F], F]:
+        """Enqueue the job below on a schedule; stack it *above* that job's ``@app.job()``.
+
+        ``expression`` is croniter's (5 fields, or 6 with seconds last), read in
+        ``tz``. After an outage ``catch_up`` decides: ``latest`` runs the most
+        recent missed tick once, ``all`` the latest ``max_catch_up`` of them,
+        ``none`` none. ``name`` (default: the job type) identifies the schedule
+        across deploys; two schedules of one type need names. Everything is
+        checked here, at import: a bad expression, zone or policy fails naming
+        the schedule.
+        """
+
+        def register(func: F) -> F:
+            spec = next((s for s in self.jobs.values() if s.func is func), None)
+            if spec is None:
+                raise ConfigurationError(
+                    f"@app.cron({expression!r}) must sit above the function's @app.job(...) "
+                    f"({getattr(func, '__qualname__', func)!r} is not a registered job)"
+                )
+            self.add_schedule(
+                make_spec(
+                    name=spec.name if name is None else name,
+                    expression=expression,
+                    tz=tz,
+                    type=spec.name,
+                    args=dict(args or {}),
+                    catch_up=catch_up,
+                    max_catch_up=max_catch_up,
+                    tenant=tenant,
+                    priority=priority,
+                )
+            )
+            return func
+
+        return register
+
+    def add_schedule(self, schedule: CronSpec) -> None:
+        """Register a checked schedule (``@app.cron``, or one from ``COLDBREW_CRON``)."""
+        where = f"cron schedule {schedule.name!r}"
+        if schedule.name in self.schedules:
+            raise ConfigurationError(
+                f"{where} is declared twice (two schedules of one job type need name=)"
+            )
+        spec = self.jobs.get(schedule.type)
+        if spec is None:
+            raise ConfigurationError(f"{where}: job type {schedule.type!r} is not registered")
+        try:
+            spec.validate_args(schedule.args)
+        except InvalidArguments as exc:
+            raise ConfigurationError(f"{where}: args do not fit the job: {exc}") from None
+        self.schedules[schedule.name] = schedule
 
     def get(self, job_type: str) -> JobSpec:
         try:

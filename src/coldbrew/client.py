@@ -155,6 +155,27 @@ class Client:
         if mark is not None:
             await self._publish(request, mark)
         return record
+    def prepare(
+        self,
+        type: str,
+        args: Mapping[str, Any],
+        *,
+        job_id: str,
+        tenant: str = "default",
+        queue: str | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+    ) -> ClaimRequest:
+        """The checked job ``submit`` would insert, for a caller that inserts it in a
+        transaction of its own (the cron service), then hands it to ``publish``."""
+        return self._request(
+            type, dict(args), tenant, queue, priority, None, job_id, max_attempts, timeout
+        )
+
+    async def publish(self, request: ClaimRequest, mark: datetime) -> None:
+        """Publish an inserted job now; if that fails the relay publishes it when due."""
+        await self._publish(request, mark)
 
     def _request(
         self,

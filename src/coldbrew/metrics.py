@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -27,6 +28,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from coldbrew.batching import GroupCommit
+from coldbrew.crontab import TICK_OUTCOMES, parse_tick_id
 from coldbrew.errors import ConfigurationError
 from coldbrew.model import Status
 
@@ -121,6 +123,7 @@ class Metrics:
         self._init_intake_metrics(registry)
         self._init_reconcile_metrics(registry)
         self._init_unique_metrics(registry)
+        self._init_cron_metrics(registry)
         self._handles: dict[tuple[str, str], JobHandles] = {}
         # Known label values exist from the start, so rate() sees the first increment.
         for cause in REDELIVERY_CAUSES:
@@ -213,6 +216,7 @@ class Metrics:
             "Tenant queues this worker declared on first use.",
             registry=reg,
         )
+
     def _init_intake_metrics(self, reg: CollectorRegistry) -> None:
         """What happens to deliveries before they run: clamped, capped, handed back, swept."""
         self.priority_clamped = Counter(
@@ -311,6 +315,45 @@ class Metrics:
             self.reconcile_republished.labels(rule=rule)
         for result in ("reconciled", "skipped"):
             self.reconcile_passes.labels(result=result)
+
+    def _init_cron_metrics(self, reg: CollectorRegistry) -> None:
+        self.cron_ticks = Counter(
+            "coldbrew_cron_ticks_total",
+            "Cron ticks decided by this worker, by schedule and outcome (fired: on time; "
+            "caught_up: missed during an outage, run by the catch_up policy; skipped: missed "
+            "and dropped by it). Each tick is decided by one worker of the fleet: sum them.",
+            ["schedule", "outcome"],
+            registry=reg,
+        )
+        self.cron_start_lag = Histogram(
+            "coldbrew_cron_start_lag_seconds",
+            "Seconds from a cron tick to its job's first start (PostgreSQL's clock for both).",
+            ["schedule"],
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self.cron_last_tick = Gauge(
+            "coldbrew_cron_last_tick_timestamp_seconds",
+            "The latest tick this worker decided, per schedule (Unix time; max over workers).",
+            ["schedule"],
+            registry=reg,
+        )
+        # label values come from declarations only: a producer may send any "cron:" id
+        self._cron_schedules: set[str] = set()
+
+    def declare_cron_schedule(self, schedule: str) -> None:
+        """Make a schedule's series exist from the start, so rate() sees the first tick."""
+        self._cron_schedules.add(schedule)
+        for outcome in TICK_OUTCOMES:
+            self.cron_ticks.labels(schedule=schedule, outcome=outcome)
+
+    def observe_cron_start(self, job_id: str, started_at: datetime) -> None:
+        """The start lag of a cron tick's job (a job id of ``crontab.tick_job_id``)."""
+        parsed = parse_tick_id(job_id)
+        if parsed is not None and parsed[0] in self._cron_schedules:
+            schedule, tick = parsed
+            lag = (started_at - tick).total_seconds()
+            self.cron_start_lag.labels(schedule=schedule).observe(max(0.0, lag))
 
     def job_handles(self, queue: str, type: str) -> JobHandles:
         """Return the cached labelled children for a registered job type on a queue.

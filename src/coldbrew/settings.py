@@ -24,6 +24,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from coldbrew.crontab import CronSpec, parse_config
 from coldbrew.errors import ConfigurationError
 
 ENV_PREFIX = "COLDBREW_"
@@ -171,6 +172,15 @@ class Settings(BaseSettings):
     webhook_max_attempts: Annotated[int, Field(ge=1, le=100)] = 8
     webhook_timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
 
+    # --- cron (worker/cron.py) ---
+    # schedules for jobs registered without @app.cron: a JSON list of objects with
+    # @app.cron's keywords plus "type" (COLDBREW_CRON_FILE names a file holding it)
+    cron: str = ""
+    # how often at most the cron service looks (it also wakes at each next tick)
+    cron_poll_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
+    # a tick at most this late is on time; older ones are "missed" (the catch_up policy)
+    cron_grace_seconds: Annotated[float, Field(ge=0, le=86_400)] = 5.0
+
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
@@ -200,6 +210,15 @@ class Settings(BaseSettings):
         for name in value:
             if not re.fullmatch(NAME_PATTERN, name):
                 raise ValueError(f"queue name {name!r} must match {NAME_PATTERN}")
+        return value
+
+    @field_validator("cron")
+    @classmethod
+    def _check_cron(cls, value: str) -> str:
+        try:
+            parse_config(value)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc).removeprefix("COLDBREW_CRON").lstrip(": ")) from None
         return value
 
     @field_validator("amqp_url")
@@ -286,6 +305,11 @@ class Settings(BaseSettings):
             return self.prefetch
         waiting = min(self.concurrency, 32)
         return 2 * waiting if self.claim_commit == "async" else waiting
+
+    @property
+    def cron_schedules(self) -> list[CronSpec]:
+        """``COLDBREW_CRON`` parsed (checked when the settings were built)."""
+        return parse_config(self.cron)
 
     @property
     def api_key_map(self) -> dict[str, str]:

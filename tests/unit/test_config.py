@@ -20,6 +20,7 @@ SECTIONS = [
     "Leases & retries",
     "Limits",
     "HTTP API",
+    "Cron",
     "Observability",
 ]
 

@@ -889,3 +889,70 @@ SELECT job_id FROM holder;
 -- name: get_job_by_alias
 -- The job a duplicate's message id was mapped to ($1 message id)
 SELECT j.* FROM job_aliases AS a JOIN jobs AS j ON j.id = a.job_id WHERE a.id = $1;
+-- cron (worker/cron.py, store/cron.py) ---------------------------------------------------
+
+-- name: cron_upsert
+-- Declare a schedule at a worker's start-up: a new one starts its watermark now (no tick before it runs); a changed expression or time zone moves the watermark to now, so no tick that already ran (or was decided) runs again; returns the row and the expression and time zone it had before, null for a new one ($1 name, $2 expression, $3 tz, $4 type, $5 args, $6 queue, $7 tenant, $8 priority, $9 max_attempts, $10 timeout_seconds, $11 catch_up, $12 max_catch_up)
+WITH old AS (SELECT expression, tz FROM cron_schedules WHERE name = $1)
+INSERT INTO cron_schedules AS s (name, expression, tz, type, args, queue, tenant, priority,
+                                 max_attempts, timeout_seconds, catch_up, max_catch_up,
+                                 last_tick)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now())
+ON CONFLICT (name) DO UPDATE SET
+    last_tick = CASE WHEN (s.expression, s.tz) IS DISTINCT FROM (EXCLUDED.expression, EXCLUDED.tz)
+                     THEN greatest(s.last_tick, now()) ELSE s.last_tick END,
+    updated_at = CASE WHEN (s.expression, s.tz, s.type, s.args, s.queue, s.tenant, s.priority,
+                            s.max_attempts, s.timeout_seconds, s.catch_up, s.max_catch_up)
+                           IS DISTINCT FROM
+                           (EXCLUDED.expression, EXCLUDED.tz, EXCLUDED.type, EXCLUDED.args,
+                            EXCLUDED.queue, EXCLUDED.tenant, EXCLUDED.priority,
+                            EXCLUDED.max_attempts, EXCLUDED.timeout_seconds, EXCLUDED.catch_up,
+                            EXCLUDED.max_catch_up)
+                      THEN now() ELSE s.updated_at END,
+    expression = EXCLUDED.expression, tz = EXCLUDED.tz, type = EXCLUDED.type,
+    args = EXCLUDED.args, queue = EXCLUDED.queue, tenant = EXCLUDED.tenant,
+    priority = EXCLUDED.priority, max_attempts = EXCLUDED.max_attempts,
+    timeout_seconds = EXCLUDED.timeout_seconds, catch_up = EXCLUDED.catch_up,
+    max_catch_up = EXCLUDED.max_catch_up, seen_at = now()
+RETURNING s.*, (SELECT expression FROM old) AS old_expression, (SELECT tz FROM old) AS old_tz;
+
+-- name: cron_watermarks
+-- The declared schedules' watermarks and pause flags, with PostgreSQL's clock: the one clock that says which tick is due ($1 names)
+SELECT name, expression, tz, paused, last_tick, now() AS now
+FROM cron_schedules WHERE name = ANY($1::text[]);
+
+-- name: cron_advance
+-- Move a schedule's watermark forward if it is still where this worker read it (compare-and-swap: one worker decides each tick), its definition is the one this worker fires, it is not paused and the new watermark is not in the future; null when another worker decided first ($1 name, $2 watermark read, $3 new watermark, $4 expression, $5 tz, $6 last job id, or null to keep it)
+UPDATE cron_schedules
+SET last_tick = $3, last_job_id = coalesce($6, last_job_id), updated_at = now()
+WHERE name = $1 AND last_tick = $2 AND $3 > $2 AND $3 <= now()
+  AND expression = $4 AND tz = $5 AND NOT paused
+RETURNING now() AS now;
+
+-- name: cron_seen
+-- Record that a live worker still declares these schedules (an undeclared one shows as orphaned) ($1 names)
+UPDATE cron_schedules SET seen_at = now() WHERE name = ANY($1::text[]);
+
+-- name: cron_list
+-- Every schedule with its last tick's job status, whether no worker declared it within the given seconds, and the server's clock, by name ($1 orphan seconds)
+SELECT s.*, j.status::text AS last_status, now() AS now,
+       s.seen_at < now() - make_interval(secs => $1) AS orphaned
+FROM cron_schedules AS s
+LEFT JOIN jobs AS j ON j.id = s.last_job_id
+ORDER BY s.name;
+
+-- name: cron_get
+-- One schedule by name, for a manual run ($1 name)
+SELECT * FROM cron_schedules WHERE name = $1;
+
+-- name: cron_set_paused
+-- Pause or resume a schedule; resuming moves the watermark to now, so the paused time's ticks are not caught up ($1 name, $2 paused)
+UPDATE cron_schedules
+SET last_tick = CASE WHEN paused AND NOT $2 THEN greatest(last_tick, now()) ELSE last_tick END,
+    paused = $2, updated_at = now()
+WHERE name = $1
+RETURNING *;
+
+-- name: cron_delete
+-- Delete a schedule's row (a running worker that still declares it declares it again, from now) ($1 name)
+DELETE FROM cron_schedules WHERE name = $1 RETURNING name;

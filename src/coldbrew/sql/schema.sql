@@ -160,3 +160,25 @@ CREATE TABLE job_aliases (
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX job_aliases_job ON job_aliases (job_id);
+-- cron (migration 0006) ------------------------------------------------------
+
+CREATE TABLE cron_schedules (
+    name              text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 64),
+    expression        text NOT NULL,
+    tz                text NOT NULL,
+    type              text NOT NULL,
+    args              jsonb NOT NULL DEFAULT '{}'::jsonb,
+    queue             text NOT NULL,
+    tenant            text NOT NULL,
+    priority          smallint NOT NULL DEFAULT 0 CHECK (priority BETWEEN 0 AND 9),
+    max_attempts      integer NOT NULL CHECK (max_attempts >= 1),
+    timeout_seconds   double precision CHECK (timeout_seconds > 0),
+    catch_up          text NOT NULL CHECK (catch_up IN ('latest', 'all', 'none')),
+    max_catch_up      integer NOT NULL CHECK (max_catch_up BETWEEN 1 AND 1000),
+    paused            boolean NOT NULL DEFAULT false,
+    last_tick         timestamptz NOT NULL,
+    last_job_id       text,
+    seen_at           timestamptz NOT NULL DEFAULT now(),
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    updated_at        timestamptz NOT NULL DEFAULT now()
+);

@@ -10,7 +10,8 @@ concern, each with one method per named query in ``sql/queries.sql``:
 - ``store.caps`` (caps.py): the capped claim's statements, cap NOTIFYs;
 - ``store.tenants`` (tenants.py): tenant queues, tenant and job-type settings;
 - ``store.dead`` (dead.py): dead jobs and rejected messages;
-- ``store.stats`` (stats.py): counts per lane and tenant.
+- ``store.stats`` (stats.py): counts per lane and tenant;
+- ``store.cron`` (cron.py): cron schedules and the transaction that fires their ticks.
 
 ``base.py`` holds the pool, the batch connections and the one place where
 driver errors are translated (``DatabaseUnavailable``); ``records.py`` the
@@ -28,6 +29,14 @@ from coldbrew.store.base import (
 )
 from coldbrew.store.caps import CapClaim, CapStore
 from coldbrew.store.claims import ClaimConfig, ClaimStore
+from coldbrew.store.cron import (
+    CronDeclared,
+    CronDefinition,
+    CronListed,
+    CronRow,
+    CronStore,
+    Watermark,
+)
 from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.jobstore import JobStore
@@ -73,6 +82,11 @@ __all__ = [
     "ClaimResult",
     "ClaimStore",
     "CommitMark",
+    "CronDeclared",
+    "CronDefinition",
+    "CronListed",
+    "CronRow",
+    "CronStore",
     "Database",
     "DeadLetterStore",
     "DuePublish",
@@ -95,6 +109,7 @@ __all__ = [
     "UniqueKey",
     "UniqueRows",
     "WaitingCount",
+    "Watermark",
     "WorkerBeat",
     "WorkerInfo",
     "WorkerLock",

@@ -21,6 +21,7 @@ from coldbrew.sql import LATEST_VERSION
 from coldbrew.store.base import Database, StoreBase, open_pool
 from coldbrew.store.caps import CapStore
 from coldbrew.store.claims import CLAIM_COMMITS, ClaimConfig, ClaimStore
+from coldbrew.store.cron import CronStore
 from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.leases import LeaseStore
@@ -61,6 +62,8 @@ class JobStore(StoreBase):
         """The reconcile passes' lock and looks, and workers' holding reports."""
         self.unique = UniqueRows(db)
         """Unique jobs' keys, and the aliases of raw duplicates' message ids."""
+        self.cron = CronStore(db)
+        """Cron schedules: declarations, watermarks, the firing transaction, pauses."""
 
     @classmethod
     @asynccontextmanager

@@ -162,6 +162,8 @@ class JobRunner:
         else:
             message.ack_soon()  # the lease guards the job from here; it need not wait for the ack
         self.inflight.add(state)
+        if claim.attempt == 1 and claim.started_at is not None and claim.id.startswith("cron:"):
+            self.metrics.observe_cron_start(claim.id, claim.started_at)
         handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
         handles.started.inc()
         self.metrics.jobs_in_flight.inc()

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from coldbrew.aging import StarvationWatch
 from coldbrew.app import App
 from coldbrew.caps import CapGate
+from coldbrew.client import Client
 from coldbrew.errors import DatabaseUnavailable
 from coldbrew.jobstate import Delivery, InFlight, Stop
 from coldbrew.metrics import Metrics
@@ -28,6 +29,7 @@ from coldbrew.scheduler import FairScheduler
 from coldbrew.settings import Settings
 from coldbrew.topology import Topology
 from coldbrew.worker.aging_sweep import QueueSweeper
+from coldbrew.worker.cron import CronService, declared_schedules
 from coldbrew.worker.health import DatabaseHealth
 from coldbrew.worker.heartbeat import Heartbeat
 from coldbrew.worker.lifecycle import Lifecycle
@@ -55,6 +57,10 @@ class Worker:
         # which queues may hide low-priority messages behind a stream (aging.py)
         self.starvation = StarvationWatch(settings.aging_seconds / 2)
         self.metrics_port: int | None = None
+        # @app.cron and COLDBREW_CRON, checked now: a bad one fails the start-up
+        self.schedules = declared_schedules(app, settings)
+        for schedule in self.schedules:
+            self.metrics.declare_cron_schedule(schedule)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._built: Parts | None = None
 
@@ -165,7 +171,20 @@ class Worker:
             aging_seconds=settings.aging_seconds,
             on_sweep=reconciler.sweep_starting,
         )
+        cron: list[Service] = []
+        if self.schedules:  # only a worker that declares schedules fires any
+            cron.append(
+                CronService(
+                    app=self.app,
+                    settings=settings,
+                    store=store,
+                    client=Client(settings, store, broker, self.app),
+                    metrics=metrics,
+                    schedules=self.schedules,
+                )
+            )
         return [
+            *cron,
             parts.relay,
             parts.reaper,
             parts.liveness,
