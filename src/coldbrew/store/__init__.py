@@ -10,7 +10,8 @@ concern, each with one method per named query in ``sql/queries.sql``:
 - ``store.caps`` (caps.py): the capped claim's statements, cap NOTIFYs;
 - ``store.tenants`` (tenants.py): tenant queues, tenant and job-type settings;
 - ``store.dead`` (dead.py): dead jobs and rejected messages;
-- ``store.stats`` (stats.py): counts per lane and tenant.
+- ``store.stats`` (stats.py): counts per lane and tenant;
+- ``store.types`` (types.py): the job types workers' apps registered (lanes for submitters).
 
 ``base.py`` holds the pool, the batch connections and the one place where
 driver errors are translated (``DatabaseUnavailable``); ``records.py`` the
@@ -54,8 +55,9 @@ from coldbrew.store.records import (
     RawJSON,
     TenantSettings,
 )
-from coldbrew.store.stats import StatsStore
+from coldbrew.store.stats import FinishedStats, StatsStore
 from coldbrew.store.tenants import TENANTS_CHANGED, TenantStore
+from coldbrew.store.types import RegisteredType, TypeRegistration, TypeRegistry
 
 __all__ = [
     "CONNECTION_ERRORS",
@@ -74,6 +76,7 @@ __all__ = [
     "Database",
     "DeadLetterStore",
     "DuePublish",
+    "FinishedStats",
     "JobRows",
     "JobStore",
     "JobTypeSettings",
@@ -85,11 +88,14 @@ __all__ = [
     "QueueLook",
     "QueueStats",
     "RawJSON",
+    "RegisteredType",
     "ReconcilePass",
     "ReconcileStore",
     "StatsStore",
     "TenantSettings",
     "TenantStore",
+    "TypeRegistration",
+    "TypeRegistry",
     "WaitingCount",
     "WorkerBeat",
     "WorkerInfo",

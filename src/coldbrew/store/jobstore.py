@@ -29,6 +29,7 @@ from coldbrew.store.outbox import Outbox
 from coldbrew.store.reconcile import ReconcileStore
 from coldbrew.store.stats import StatsStore
 from coldbrew.store.tenants import TenantStore
+from coldbrew.store.types import TypeRegistry
 
 
 class JobStore(StoreBase):
@@ -58,6 +59,8 @@ class JobStore(StoreBase):
         """Workers' rows and liveness locks, the server's clock, dead workers' jobs."""
         self.reconcile = ReconcileStore(db)
         """The reconcile passes' lock and looks, and workers' holding reports."""
+        self.types = TypeRegistry(db)
+        """The job types workers' apps registered: lanes for submitters without the app."""
 
     @classmethod
     @asynccontextmanager
