@@ -16,7 +16,7 @@ import asyncio
 import json
 import math
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import IO, Any, Protocol
 
 from rich.console import Console
@@ -78,16 +78,22 @@ def value_text(value: Any, width: int = 96) -> str:
     return shown
 
 
-def detail(job: JobRecord, now: datetime | None = None) -> str:
-    """What a line says after the status: the progress message, the error, the result."""
+def detail(job: JobRecord, width: int = 96) -> str:
+    """What a line says after the status: the progress message, the error, the result,
+    in about ``width`` characters (a result shortened as a value, text with "…")."""
     if job.status is Status.SUCCEEDED:
-        return "→ " + value_text(job.result)
+        return "→ " + value_text(job.result, width - 2)
+    text = _detail_text(job)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _detail_text(job: JobRecord) -> str:
     if job.status is Status.CANCELLED:
         return job.error_message or "cancelled"
     error = f"{job.error_kind}: {job.error_message or ''}".rstrip(": ")
     if job.status is Status.RETRYING and job.error_kind:
-        wait = (job.run_at - (now or datetime.now(UTC))).total_seconds()
-        return f"{error} (next attempt in {max(0.0, wait):.1f} s)"
+        # the time, not a countdown: a reading changes only when the job does
+        return f"{error} (next attempt at {job.run_at.astimezone(UTC):%H:%M:%S.%f}"[:-4] + "Z)"
     if job.status in (Status.FAILED, Status.DEAD) and job.error_kind:
         return error
     return job.progress_message or ""
@@ -160,7 +166,7 @@ class LiveBars:
                 "attempt": f"{job.attempt}/{job.max_attempts}",
                 "percent": percent(job),
                 "status": Text(f"{job.status.value:<9}", style=STATUS_STYLES[job.status]),
-                "detail": detail(job)[:56],
+                "detail": detail(job, width=56),
             }
             done = 100 if job.status is Status.SUCCEEDED else round(100 * (job.progress or 0.0))
             task = self._tasks.get(job.id)
