@@ -248,7 +248,7 @@ def test_migrations_are_numbered_once_each() -> None:
     found = migrations()
     versions = [version for version, _, _ in found]
     assert versions == sorted(set(versions)) and versions[0] == 1
-    assert LATEST_VERSION == versions[-1]
+    assert versions[-1] == LATEST_VERSION
     for _, name, sql in found:
         assert re.fullmatch(r"[a-z0-9_]+", name)
         assert sql.strip()
