@@ -70,7 +70,8 @@ def shorten(value: Any, *, text: int = 32, items: int = 4, depth: int = 3) -> An
 def value_text(value: Any, width: int = 96) -> str:
     """Compact JSON of ``value`` in about ``width`` characters, shortening values (not the
     JSON text) harder until it fits or cannot shrink further."""
-    for text, items, depth in ((48, 6, 3), (24, 4, 3), (12, 3, 3), (12, 2, 2), (8, 1, 1)):
+    ladder = ((48, 6, 3), (24, 4, 3), (12, 3, 3), (8, 3, 3), (12, 3, 1), (8, 1, 1))
+    for text, items, depth in ladder:
         shortened = shorten(value, text=text, items=items, depth=depth)
         shown = json.dumps(shortened, default=str, ensure_ascii=False)
         if len(shown) <= width:
