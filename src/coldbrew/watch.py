@@ -147,7 +147,7 @@ class LiveBars:
             TextColumn("[bold]{task.fields[short_id]}"),
             TextColumn("{task.fields[type]:<10} {task.fields[tenant]:<8}"),
             TextColumn("[dim]{task.fields[lane]:<7} attempt {task.fields[attempt]}"),
-            BarColumn(bar_width=20),
+            BarColumn(bar_width=20, complete_style="cyan", finished_style="green"),
             TextColumn("{task.fields[percent]:>4}"),
             TextColumn("{task.fields[status]}"),
             TextColumn("{task.fields[detail]}", markup=False),
