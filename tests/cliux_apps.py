@@ -4,6 +4,7 @@ another lane by a second app (two apps that disagree), progress that then fails.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from coldbrew import App, Context, Permanent, Retry
 
@@ -40,6 +41,14 @@ async def try_later(ctx: Context) -> None:
     ctx.progress(0.2, "trying")
     await asyncio.sleep(0.5)
     raise Retry("come back in a minute", delay=60)
+
+
+@app.job()
+def pool_progress(ctx: Context) -> str:
+    """In the process pool: reports progress, then works on long enough to be seen."""
+    ctx.progress(0.5, "halfway in the pool")
+    time.sleep(1.0)
+    return "done"
 
 
 other = App()

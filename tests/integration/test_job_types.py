@@ -79,6 +79,10 @@ async def test_finished_jobs_progress_message_is_final(
         assert failed_done.status is Status.FAILED
         assert failed_done.progress == pytest.approx(0.4)
         assert failed_done.progress_message is None
+        pooled = await client.submit("pool_progress", {})  # from the pool, while it runs
+        await wait_until(lambda: progress_is(client, pooled.id, "halfway in the pool"))
+        pooled_done = await client.wait(pooled.id, timeout=20)
+        assert (pooled_done.progress, pooled_done.progress_message) == (1.0, None)
         later = await client.submit("try_later", {})
         await wait_until(lambda: retrying(client, later.id), timeout=20)
         kept = await client.get(later.id)  # a retrying job keeps where its attempt stopped
