@@ -155,14 +155,14 @@ async def _follow_all(client: Client, expected: dict[str, Status], console: Cons
             client, ids, renderer_for(console, plain=False), timeout=DEMO_TIMEOUT_SECONDS
         )
     except TimeoutError as exc:
-        console.print(f"\nthe demo timed out: {exc}", markup=False)
+        print(f"coldbrew: the demo timed out: {exc}", file=sys.stderr)
         return False
     wrong = [job for job in jobs if job.status != expected[job.id]]
     console.print()
     console.print(_results_table(jobs))
     if wrong:
         unexpected = ", ".join(f"{j.id[:8]} {j.type} {j.status.value}" for j in wrong)
-        console.print(f"unexpected outcomes: {unexpected}", markup=False)
+        print(f"coldbrew: the demo's jobs ended unexpectedly: {unexpected}", file=sys.stderr)
     return not wrong
 
 
