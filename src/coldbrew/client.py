@@ -31,7 +31,7 @@ from coldbrew.model import (
     new_job_id,
 )
 from coldbrew.settings import Settings, load_settings
-from coldbrew.store import ClaimRequest, JobStore, UniqueKey
+from coldbrew.store import ClaimRequest, JobStore, RegisteredType, UniqueKey
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker
 from coldbrew.unique import UniqueError, UniqueOpts, merged
@@ -40,6 +40,13 @@ log = structlog.get_logger("coldbrew.client")
 
 MAX_REASON = 500
 """Longest cancel reason, in characters (it becomes the job's error message)."""
+
+REGISTERED_TTL = 5.0
+"""Seconds a client trusts a job type's registration it read (a lane rarely moves)."""
+UNREGISTERED_TTL = 1.0
+"""Seconds it trusts that a type is not registered (a worker may be starting)."""
+REGISTERED_CACHE_SIZE = 1024
+"""Most type names cached (an API's submitters may send any name)."""
 
 
 class Client:
@@ -56,6 +63,7 @@ class Client:
         """Where unique duplicates are counted (``coldbrew_unique_duplicates_total``,
         source ``client``); None (not counted) unless the process that owns the client
         exports metrics and sets it."""
+        self._registered: dict[str, tuple[float, RegisteredType | None]] = {}
 
     @classmethod
     @asynccontextmanager
@@ -110,6 +118,10 @@ class Client:
         ``unique_for`` and its companions (README "Unique jobs") override the type's
         ``@app.job(unique_for=...)`` for this submission: while a job with the same key
         stands, its record is returned with ``duplicate=True`` and nothing is published.
+
+        Without an app, the type's lane and defaults come from its registration by the
+        fleet's workers (``registered_type``); a type no worker registered goes to
+        ``default`` unless ``queue`` names a lane.
         """
         spec = self.app.jobs.get(type) if self.app is not None else None
         try:
@@ -122,6 +134,7 @@ class Client:
             )
         except UniqueError as exc:
             raise InvalidRequest("invalid_unique", str(exc)) from None
+        registered = None if self.app is not None else await self.registered_type(type)
         request = self._request(
             type,
             dict(args or {}),
@@ -132,6 +145,7 @@ class Client:
             job_id,
             max_attempts,
             timeout,
+            registered,
         )
         if opts is not None:
             return await self._submit_unique(request, opts)
@@ -155,6 +169,7 @@ class Client:
         if mark is not None:
             await self._publish(request, mark)
         return record
+
     def prepare(
         self,
         type: str,
@@ -188,15 +203,17 @@ class Client:
         job_id: str | None,
         max_attempts: int | None,
         timeout: float | None,
+        registered: RegisteredType | None = None,
     ) -> ClaimRequest:
         spec = self.app.get(type) if self.app is not None else None
         if spec is not None:
             args = spec.validate_args(args)
-        lane = queue or (spec.queue if spec else "default")
+        declared = spec or registered  # the app's own word, else the fleet's
+        lane = queue or (declared.queue if declared else "default")
         given = JobFields(
             job_id or "", type, lane, tenant, args, priority, max_attempts, timeout, idempotency_key
         )
-        job = given.resolved(spec, self.settings.max_attempts)  # the defaults chain (model.py)
+        job = given.resolved(declared, self.settings.max_attempts)  # defaults chain (model.py)
         # what goes on the wire, defaults filled in: exactly what a worker will check
         check_submission(
             job_id=job_id,
@@ -227,6 +244,20 @@ class Client:
             log.warning("publish_deferred_to_relay", job_id=request.id, error=str(exc))
             return
         await self.store.outbox.mark_published([(request.id, mark)])
+
+    async def registered_type(self, type: str) -> RegisteredType | None:
+        """How the fleet's workers registered ``type`` (its lane and defaults), or None
+        when none did yet; cached briefly, so a burst of submissions reads it once."""
+        loop = asyncio.get_running_loop()
+        cached = self._registered.get(type)
+        if cached is not None and cached[0] > loop.time():
+            return cached[1]
+        found = await self.store.types.get(type)
+        ttl = REGISTERED_TTL if found is not None else UNREGISTERED_TTL
+        if len(self._registered) >= REGISTERED_CACHE_SIZE:  # type names may come from outside
+            self._registered.clear()
+        self._registered[type] = (loop.time() + ttl, found)
+        return found
 
     async def status(self, job_id: str) -> dict[str, Any]:
         """The job's status JSON (DESIGN §1)."""

@@ -1,62 +1,87 @@
 """``coldbrew demo``: a self-contained tour on the local broker and database.
 
-It migrates a demo namespace, starts a worker in this process with the example
-app, submits a handful of jobs (coroutines with progress, CPU-bound transcodes
-in the process pool, a flaky job that retries, a job that fails permanently,
-a new tenant, a garbage message) and prints every status change until all of
-them are finished. Then it shows the stats and how to go on by hand.
+It migrates a demo namespace (``COLDBREW_NAMESPACE`` or ``--namespace`` when
+given, else ``coldbrew_demo``), starts a worker in this process with the
+example app, submits a handful of jobs (coroutines with progress, CPU-bound
+transcodes in the process pool, one cancelled while it waits, a flaky job that
+retries, a job that fails permanently, a new tenant, a garbage message) and
+follows them to their end: live progress bars on a terminal, one line per
+change (each with its job id) otherwise. Then it prints each job once with its
+outcome, and a summary from the job table of every tenant and lane it touched.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import sys
+import time
 from typing import Any
 
 import aio_pika
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from coldbrew.app import load_app
 from coldbrew.client import Client
 from coldbrew.migrate import drop_namespace, migrate
-from coldbrew.model import JobRecord
+from coldbrew.model import JobRecord, Status
 from coldbrew.settings import Settings
 from coldbrew.topology import Topology
+from coldbrew.watch import STATUS_STYLES, detail, follow, renderer_for
 from coldbrew.worker import Worker
 
 DEMO_APP = "coldbrew.examples.demo:app"
 DEMO_NAMESPACE = "coldbrew_demo"
+DEMO_TIMEOUT_SECONDS = 120.0
+PLAIN_WIDTH = 160
+"""Columns of the tables when stdout is not a terminal (a log, a pipe): wide enough that
+no cell wraps."""
 
 
-async def run_demo(settings: Settings, *, keep: bool, namespace_given: bool) -> int:
-    """Run the tour; return the exit code (0 when every job ended as expected)."""
-    namespace = settings.namespace if namespace_given else DEMO_NAMESPACE
-    settings = settings.model_copy(
+def demo_settings(settings: Settings, *, namespace_given: bool) -> Settings:
+    """The tour's settings: the environment's, in the demo's own namespace unless one was
+    given (``--namespace`` or ``COLDBREW_NAMESPACE``), with short intervals."""
+    given = namespace_given or "namespace" in settings.model_fields_set
+    return settings.model_copy(
         update={
-            "namespace": namespace,
+            "namespace": settings.namespace if given else DEMO_NAMESPACE,
             "metrics_port": 0,
             "processes": min(settings.processes, 2),
             "retry_base_seconds": 0.5,
             "relay_interval_seconds": 0.2,
             "progress_flush_seconds": 0.2,
+            "heartbeat_seconds": min(settings.heartbeat_seconds, 1.0),
         }
     )
-    print(
+
+
+async def run_demo(settings: Settings, *, keep: bool, namespace_given: bool) -> int:
+    """Run the tour; return the exit code (0 when every job ended as expected)."""
+    settings = demo_settings(settings, namespace_given=namespace_given)
+    console = Console(file=sys.stdout, highlight=False)
+    if not console.is_terminal:
+        console = Console(file=sys.stdout, highlight=False, width=PLAIN_WIDTH)
+    say = Say(console)
+    say(
         f"coldbrew demo · RabbitMQ {settings.safe_amqp_url()} · "
-        f"PostgreSQL {settings.safe_database_url()} · namespace {namespace!r}"
+        f"PostgreSQL {settings.safe_database_url()} · namespace {settings.namespace!r}"
     )
-    await migrate(settings.database_url, namespace)
+    await migrate(settings.database_url, settings.namespace)
     worker = Worker(load_app(DEMO_APP), settings)
     worker_task = asyncio.create_task(worker.run(), name="demo-worker")
+    started = time.monotonic()
+    ok = False
     try:
         await worker.wait_ready(worker_task)
-        print(
-            f"worker ready: lanes {worker.lanes}, {settings.concurrency} coroutine slots, "
-            f"{settings.processes} processes, metrics on :{worker.metrics_port}/metrics\n"
+        say(
+            f"worker ready: lanes {', '.join(worker.lanes)}; {settings.concurrency} coroutine "
+            f"slots, {settings.processes} processes; metrics on :{worker.metrics_port}/metrics\n"
         )
         async with Client.connect(settings, app=worker.app) as client:
-            jobs = await _submit_all(client, settings)
-            ok = await _watch(client, jobs)
-            await _summary(client)
+            expected = await _submit_all(client, settings, say)
+            ok = await _follow_all(client, expected, console)
+            await _summary(client, console, since=time.monotonic() - started + 60)
     finally:
         worker.stop()
         await worker_task
@@ -65,41 +90,47 @@ async def run_demo(settings: Settings, *, keep: bool, namespace_given: bool) -> 
     return 0 if ok else 1
 
 
-async def _submit_all(client: Client, settings: Settings) -> dict[str, str]:
-    """Submit the tour's jobs; return job id → the outcome we expect."""
-    expected: dict[str, str] = {}
+class Say:
+    """Print a line of the story as it is (no rich markup: lanes look like ``[a, b]``)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def __call__(self, text: str = "") -> None:
+        self.console.print(text, markup=False, highlight=False)
+
+
+async def _submit_all(client: Client, settings: Settings, say: Say) -> dict[str, Status]:
+    """Submit the tour's jobs; return job id → the status each should end in."""
+    expected: dict[str, Status] = {}
     for tenant, video in (("acme", "cat-video"), ("acme", "dog-video"), ("globex", "launch")):
         job = await client.submit("thumbnail", {"video_id": video}, tenant=tenant)
-        expected[job.id] = "succeeded"
+        expected[job.id] = Status.SUCCEEDED
+    resolutions = ["480p", "720p", "1080p"]
     for video in ("keynote", "trailer"):
         job = await client.submit(
-            "transcode",
-            {"video_id": video, "resolutions": ["480p", "720p", "1080p"]},
-            tenant="globex",
+            "transcode", {"video_id": video, "resolutions": resolutions}, tenant="globex",
             priority=5,
         )
-        expected[job.id] = "succeeded"
-    notify = await client.submit(
-        "notify",
-        {"user": "ada", "message": "your video is ready"},
-        tenant="initech",
-        idempotency_key="notify-ada-1",
+        expected[job.id] = Status.SUCCEEDED
+    # a third transcode waits behind the two (the pool has two processes): cancel it
+    blooper = await client.submit(
+        "transcode", {"video_id": "blooper", "resolutions": resolutions}, tenant="globex"
     )
-    again = await client.submit(
-        "notify",
-        {"user": "ada", "message": "your video is ready"},
-        tenant="initech",
-        idempotency_key="notify-ada-1",
-    )
-    print(
-        f"idempotency: the second submit with key 'notify-ada-1' returned the same job "
-        f"({again.id == notify.id})"
-    )
-    expected[notify.id] = "succeeded"
+    await client.cancel(blooper.id, "cancelled by the demo while it waited")
+    expected[blooper.id] = Status.CANCELLED
+    notify = {"user": "ada", "message": "your video is ready"}
+    first = await client.submit("notify", notify, tenant="initech", idempotency_key="ada-1")
+    again = await client.submit("notify", notify, tenant="initech", idempotency_key="ada-1")
+    expected[first.id] = Status.SUCCEEDED
     big = await client.submit("ingest", {"size_bytes": 5_000_000_000}, tenant="acme")
-    expected[big.id] = "failed"
+    expected[big.id] = Status.FAILED
     await _publish_garbage(settings)
-    print(f"submitted {len(expected)} jobs and 1 garbage message\n")
+    same = "the same job" if again.id == first.id else "ANOTHER job (unexpected)"
+    say(
+        f"submitted {len(expected)} jobs and 1 garbage message; a second submit with "
+        f"idempotency key 'ada-1' returned {same}\n"
+    )
     return expected
 
 
@@ -116,62 +147,100 @@ async def _publish_garbage(settings: Settings) -> None:
         await connection.close()
 
 
-def _describe(job: JobRecord) -> str:
-    progress = "" if job.progress is None else f"{job.progress:4.0%}"
-    detail = job.progress_message or ""
-    if job.status in ("retrying", "failed", "dead") and job.error_message:
-        detail = f"{job.error_kind}: {job.error_message}"
-    if job.status == "succeeded":
-        detail = json.dumps(job.result)[:70]
-    return (
-        f"  {job.type:<10} {job.tenant:<8} attempt {job.attempt}  "
-        f"{job.status.value:<9} {progress:>4}  {detail}"
-    )
-
-
-async def _watch(client: Client, expected: dict[str, str], timeout: float = 120) -> bool:
-    """Print each status or progress change until every job is finished."""
-    seen: dict[str, tuple[Any, ...]] = {}
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        records = [await client.get(job_id) for job_id in expected]
-        for job in records:
-            key = (job.status, job.attempt, job.progress, job.progress_message)
-            if seen.get(job.id) != key:
-                seen[job.id] = key
-                print(_describe(job))
-        if all(job.status.terminal for job in records):
-            wrong = [j for j in records if j.status != expected[j.id]]
-            print(
-                f"\nall {len(records)} jobs finished"
-                + ("" if not wrong else f"; unexpected: {[(j.type, j.status) for j in wrong]}")
-            )
-            return not wrong
-        await asyncio.sleep(0.2)
-    print("\nthe demo timed out waiting for its jobs")
-    return False
-
-
-async def _summary(client: Client) -> None:
-    print("\ncoldbrew stats (per lane and tenant):")
-    for row in await client.store.stats.queue_stats():
-        print(
-            f"  {row.queue:<8} {row.tenant:<8} running {row.running}  waiting "
-            f"{row.queued + row.retrying}  failed {row.failed}  dead {row.dead}"
+async def _follow_all(client: Client, expected: dict[str, Status], console: Console) -> bool:
+    """Show the jobs' progress until all are finished, then each job once with its outcome."""
+    ids = list(expected)
+    try:
+        jobs = await follow(
+            client, ids, renderer_for(console, plain=False), timeout=DEMO_TIMEOUT_SECONDS
         )
+    except TimeoutError as exc:
+        print(f"coldbrew: the demo timed out: {exc}", file=sys.stderr)
+        return False
+    wrong = [job for job in jobs if job.status != expected[job.id]]
+    console.print()
+    console.print(_results_table(jobs))
+    if wrong:
+        unexpected = ", ".join(f"{j.id[:8]} {j.type} {j.status.value}" for j in wrong)
+        print(f"coldbrew: the demo's jobs ended unexpectedly: {unexpected}", file=sys.stderr)
+    return not wrong
+
+
+def _results_table(jobs: list[JobRecord]) -> Table:
+    table = Table(title=f"all {len(jobs)} jobs finished", title_justify="left")
+    for name, justify in (
+        ("id", "left"),
+        ("type", "left"),
+        ("tenant", "left"),
+        ("lane", "left"),
+        ("status", "left"),
+        ("attempts", "right"),
+        ("took", "right"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    table.add_column("result or error", overflow="fold")
+    for job in jobs:
+        took = (
+            "-"
+            if job.finished_at is None
+            else f"{(job.finished_at - job.created_at).total_seconds():.1f}s"
+        )
+        table.add_row(
+            job.id[:8],
+            job.type,
+            job.tenant,
+            job.queue,
+            Text(job.status.value, style=STATUS_STYLES[job.status]),
+            f"{job.attempt}/{job.max_attempts}",
+            took,
+            Text(detail(job).removeprefix("→ ")),
+        )
+    return table
+
+
+async def _summary(client: Client, console: Console, *, since: float) -> None:
+    """Every tenant and lane the demo touched, from the job table; the dead letters."""
+    finished = await client.store.stats.finished_stats(since)
+    table = Table(
+        title="from the job table (`coldbrew stats`), every lane and tenant",
+        title_justify="left",
+    )
+    for name in ("lane", "tenant"):
+        table.add_column(name, no_wrap=True)
+    for name in ("succeeded", "failed", "cancelled", "dead", "run p50", "run p95", "wait p50"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in finished:
+        table.add_row(
+            row.queue,
+            row.tenant,
+            str(row.succeeded),
+            str(row.failed),
+            str(row.cancelled),
+            str(row.dead),
+            *(_seconds(v) for v in (row.run_p50_seconds, row.run_p95_seconds,
+                                    row.wait_p50_seconds)),
+        )
+    console.print()
+    console.print(table)
     for reason, count in (await client.store.dead.rejected_counts()).items():
-        print(
-            f"  dead letters: {count} rejected message(s), reason {reason!r} "
-            "(kept with their original bytes; copies on the <namespace>.dead queue)"
+        console.print(
+            f"dead letters: {count} rejected message(s), reason {reason!r} (kept with their "
+            "original bytes; copies on the <namespace>.dead queue: `coldbrew dlq list --rejected`)",
+            markup=False,
         )
-    print(
-        "\nTry it by hand (in two terminals):\n"
-        "  .venv/bin/coldbrew migrate\n"
-        f"  .venv/bin/coldbrew worker {DEMO_APP}\n"
-        '  .venv/bin/coldbrew submit thumbnail --args \'{"video_id": "v1"}\' '
-        "--tenant acme --wait"
-    )
+    console.print(_TRY_IT, markup=False, highlight=False)
+
+
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+_TRY_IT = f"""
+Try it by hand (in two terminals):
+  .venv/bin/coldbrew migrate
+  .venv/bin/coldbrew worker {DEMO_APP}
+  .venv/bin/coldbrew submit thumbnail --args '{{"video_id": "v1"}}' --tenant acme --wait
+  .venv/bin/coldbrew stats --since 15m"""
 
 
 async def _cleanup(settings: Settings) -> None:

@@ -43,14 +43,16 @@ async def test_coroutine_job_runs_to_success(start_worker: WorkerFactory, client
 async def test_process_pool_job_runs_with_progress(
     start_worker: WorkerFactory, client: Client
 ) -> None:
-    """A plain-function job runs in the process pool and its progress reaches the row."""
+    """A plain-function job runs in the process pool; its last progress report ("summed")
+    reaches the row with the outcome, which then makes it final: progress 1, no message
+    (progress read while a pool job runs: tests/integration/test_job_types.py)."""
     await start_worker()
     job = await client.submit("cpu", {"n": 1000})
     done = await client.wait(job.id, timeout=30)
     assert done.status == "succeeded", done
     assert done.result == sum(i * i for i in range(1000))
     assert done.queue == "slow"
-    assert done.progress_message == "summed"
+    assert (done.progress, done.progress_message) == (1.0, None)
 
 
 async def test_plain_aio_pika_producer_follows_the_contract(

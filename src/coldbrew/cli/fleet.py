@@ -12,13 +12,14 @@ from coldbrew.cli.common import (
     Parser,
     Subparsers,
     parse_cap,
+    print_empty,
     print_json,
 )
 from coldbrew.errors import ConfigurationError
 from coldbrew.settings import Settings
 
 if TYPE_CHECKING:
-    pass
+    from coldbrew.store import JobTypeSettings, RegisteredType
 
 
 def add_commands(sub: Subparsers[Parser]) -> None:
@@ -36,9 +37,13 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     for verb, text in (("pause", "hold this tenant's jobs"), ("resume", "run them again")):
         tenants_sub.add_parser(verb, help=text).add_argument("name")
 
-    types = sub.add_parser("types", help="list job types' fleet-wide caps and set them")
+    types = sub.add_parser(
+        "types", help="list job types (the workers' registrations, the caps) and cap them"
+    )
     types_sub = types.add_subparsers(dest="types_command", required=True, parser_class=Parser)
-    types_sub.add_parser("list", help="every job type with a cap").add_argument(
+    types_sub.add_parser(
+        "list", help="every job type a worker registered or that has a cap: lane, defaults, cap"
+    ).add_argument(
         "--json", action="store_true"
     )
     types_set = types_sub.add_parser("set", help="cap a job type's running jobs fleet-wide")
@@ -86,7 +91,7 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
         limit = "no cap" if row.max_running is None else f"max running {row.max_running}"
         print(f"{row.name:<24} weight {row.weight:<6g} {limit:<18} {state}")
     if not rows:
-        print("(no tenants yet: one is recorded when its first job arrives)")
+        print_empty("no tenants yet: one is recorded when its first job arrives")
     return EXIT_OK
 
 
@@ -101,23 +106,57 @@ async def cmd_types(args: argparse.Namespace, settings: Settings) -> int:
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
         if args.types_command == "list":
-            rows = await store.tenants.list_job_types()
-        else:
-            rows = [
-                await store.tenants.set_job_type(
-                    args.name,
-                    max_running=cap,
-                    channel=Topology(settings.namespace).tenant_channel,
-                )
+            caps = {row.name: row for row in await store.tenants.list_job_types()}
+            registered = {row.name: row for row in await store.types.list_all()}
+            return _list_types(caps, registered, json_out=args.json)
+        row = await store.tenants.set_job_type(
+            args.name, max_running=cap, channel=Topology(settings.namespace).tenant_channel
+        )
+    limit = "no cap" if row.max_running is None else f"max running {row.max_running}"
+    print(f"{row.name:<32} {limit}")
+    return EXIT_OK
+
+
+def _list_types(
+    caps: dict[str, JobTypeSettings], registered: dict[str, RegisteredType], *, json_out: bool
+) -> int:
+    """``types list``: each type a worker registered (lane, pool, defaults) or that has a cap."""
+    names = sorted(caps.keys() | registered.keys())
+    if json_out:
+        print_json(
+            [
+                {
+                    "name": name,
+                    "max_running": caps[name].max_running if name in caps else None,
+                    "registered": registered[name].to_json() if name in registered else None,
+                }
+                for name in names
             ]
-    if getattr(args, "json", False):
-        print_json([dataclasses.asdict(row) for row in rows])
+        )
         return EXIT_OK
-    for row in rows:
-        limit = "no cap" if row.max_running is None else f"max running {row.max_running}"
-        print(f"{row.name:<32} {limit}")
-    if not rows:
-        print("(no job type has a cap)")
+    if not names:
+        print_empty(
+            "no job types: no worker has registered one yet and no job type has a cap "
+            "(`coldbrew types set TYPE --max-running N`)"
+        )
+        return EXIT_OK
+    for name in names:
+        cap = caps.get(name)
+        limit = "no cap" if cap is None or cap.max_running is None else (
+            f"max running {cap.max_running}"
+        )
+        reg = registered.get(name)
+        if reg is None:
+            where = "not registered by any worker"
+        else:
+            pool = "process pool" if reg.is_process else "coroutine"
+            attempts = "-" if reg.max_attempts is None else str(reg.max_attempts)
+            timeout = "-" if reg.timeout is None else f"{reg.timeout:g}s"
+            where = (
+                f"lane {reg.queue:<10} {pool:<12} attempts {attempts:<3} timeout {timeout:<7} "
+                f"by {reg.worker_id}"
+            )
+        print(f"{name:<24} {limit:<16} {where}")
     return EXIT_OK
 
 

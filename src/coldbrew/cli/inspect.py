@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -17,21 +15,32 @@ from coldbrew.cli.common import (
     Handler,
     Parser,
     Subparsers,
+    parse_duration,
+    print_empty,
     print_json,
 )
 from coldbrew.errors import ConfigurationError
 from coldbrew.settings import Settings
 
 if TYPE_CHECKING:
+    from coldbrew.stats import DrainRates
     from coldbrew.store import QueueStats
 
 
 def add_commands(sub: Subparsers[Parser]) -> None:
     """What waits and what died: stats per queue and tenant, the dead letters."""
     stats = sub.add_parser(
-        "stats", help="depth, oldest age, drain rate and estimated wait per queue and tenant"
+        "stats",
+        help="per queue and tenant: what waits and runs (depth, oldest, drain rate, est. wait) "
+        "and what finished in a window (succeeded, failed, cancelled, dead, run times)",
     )
     stats.add_argument("--json", action="store_true")
+    stats.add_argument(
+        "--since",
+        default="1h",
+        metavar="DURATION",
+        help="the window of finished jobs counted: 90s, 15m, 1h, 7d, ... (default 1h)",
+    )
     stats.add_argument(
         "--sample",
         type=float,
@@ -64,70 +73,59 @@ def add_commands(sub: Subparsers[Parser]) -> None:
 
 
 async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
-    from coldbrew.stats import DrainRates, lane_consumers
+    from coldbrew.cli.tables import merge_rows, row_json, stats_lines
+    from coldbrew.stats import lane_consumers
     from coldbrew.store import JobStore
 
     if not 0 <= args.sample <= 600:
         raise ConfigurationError(f"--sample must be in 0..600 seconds, not {args.sample:g}")
-    rates = DrainRates()
+    since = parse_duration(args.since, "--since")
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
-        rows = await store.stats.queue_stats()
+        waiting, rates = await _sample_waiting(store, args.sample)
+        finished = await store.stats.finished_stats(since)
         consumers = lane_consumers(
             await store.reconcile.list_queue_looks(), settings.reconcile_seconds
         )
-        if args.sample > 0:  # the drain rate is the change of the finished counters
-            first = time.monotonic()
-            for row in rows:
-                rates.observe((row.queue, row.tenant), row.finished, first)
-            await asyncio.sleep(args.sample)
-            rows = await store.stats.queue_stats()
-            now = time.monotonic()
-            for row in rows:
-                rates.observe((row.queue, row.tenant), row.finished, now)
-    table = []
-    for row in rows:
-        key = (row.queue, row.tenant)
-        depth = row.queued + row.retrying
-        rate = rates.rates.get(key)
-        wait = rates.estimated_wait(key, depth) if rate is not None else None
-        table.append((row, depth, rate, wait))
+    waits = {
+        key: rates.estimated_wait(key, row.queued + row.retrying)
+        for row in waiting
+        if (key := (row.queue, row.tenant)) in rates.rates
+    }
+    rows = merge_rows(waiting, finished, rates.rates, waits)
     if args.json:
-        print_json(
-            [
-                dataclasses.asdict(row)
-                | {
-                    "depth": depth,
-                    "drain_rate_per_second": rate,
-                    "estimated_wait_seconds": None if wait is None or math.isinf(wait) else wait,
-                    "lane_consumers": consumers.get(row.queue),
-                }
-                for row, depth, rate, wait in table
-            ]
-        )
+        print_json([row_json(row, since, consumers) for row in rows])
         return EXIT_OK
-    _print_stats_table(table)
     if not rows:
-        print("(no jobs)")
-    for line in unserved_lanes(rows, consumers, settings.reconcile_seconds):
+        print_empty(f"no jobs waiting or running, and none finished in the last {args.since}")
+        return EXIT_OK
+    for line in stats_lines(rows, args.since):
+        print(line)
+    dead_in_all = sum(row.dead for row in waiting)
+    if dead_in_all:
+        print(f"{dead_in_all} dead job(s) in the dead letters in all: `coldbrew dlq list`")
+    for line in unserved_lanes(waiting, consumers, settings.reconcile_seconds):
         print(line)
     return EXIT_OK
 
 
-def _print_stats_table(table: list[tuple[Any, int, float | None, float | None]]) -> None:
-    header = (
-        f"{'queue':<12} {'tenant':<20} {'queued':>7} {'running':>7} {'retrying':>8} "
-        f"{'dead':>5} {'failed':>6} {'oldest':>9} {'drain/s':>8} {'est. wait':>9}"
-    )
-    print(header)
-    for row, _depth, rate, wait in table:
-        rate_text = "-" if rate is None else f"{rate:.1f}"
-        wait_text = "-" if wait is None else ("never" if math.isinf(wait) else f"{wait:.1f}s")
-        print(
-            f"{row.queue:<12} {row.tenant:<20} {row.queued:>7} {row.running:>7} "
-            f"{row.retrying:>8} {row.dead:>5} {row.failed:>6} {row.oldest_waiting_seconds:>8.1f}s "
-            f"{rate_text:>8} {wait_text:>9}"
-        )
+async def _sample_waiting(store: Any, sample: float) -> tuple[list[QueueStats], DrainRates]:
+    """The waiting gauges, read twice ``sample`` seconds apart for the drain rate (the change
+    of the finished counters); once when ``sample`` is 0."""
+    from coldbrew.stats import DrainRates
+
+    rates = DrainRates()
+    rows: list[QueueStats] = await store.stats.queue_stats()
+    if sample > 0:
+        first = time.monotonic()
+        for row in rows:
+            rates.observe((row.queue, row.tenant), row.finished, first)
+        await asyncio.sleep(sample)
+        rows = await store.stats.queue_stats()
+        now = time.monotonic()
+        for row in rows:
+            rates.observe((row.queue, row.tenant), row.finished, now)
+    return rows, rates
 
 
 def unserved_lanes(
@@ -166,6 +164,12 @@ async def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print_json([row.to_json() for row in rows])
         return EXIT_OK
+    if not rows:
+        print_empty(
+            "no live workers: start one with `coldbrew worker MODULE:APP`"
+            + ("" if args.all else "; --all also lists workers found gone")
+        )
+        return EXIT_OK
     print(
         f"{'id':<28} {'host':<20} {'pid':>7} {'version':<9} {'started':<20} "
         f"{'lanes':<16} {'in flight':>9} {'heartbeat':>10}"
@@ -178,16 +182,14 @@ async def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
             f"{row.jobs_in_flight:>4}/{row.concurrency:<4} {row.heartbeat_age_seconds:>8.1f}s"
             f"{state}"
         )
-    if not rows:
-        print("(no live workers)")
     return EXIT_OK
 
 
 async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.store import JobStore
 
-    if args.limit < 1:
-        raise ConfigurationError("--limit must be at least 1")
+    if not 1 <= args.limit <= 10_000:
+        raise ConfigurationError(f"--limit must be in 1..10000, not {args.limit}")
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
         if args.dlq_command == "replay":
@@ -197,11 +199,14 @@ async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
             rows = [dict(r) for r in rejected]
             if args.json:
                 print_json(rows)
-            for row in [] if args.json else rows:
+                return EXIT_OK
+            for row in rows:
                 print(
                     f"#{row['id']:<6} {row['reason']:<16} {row['routing_key']:<24} "
                     f"{row['size']:>8} B  {row['detail'][:80]}"
                 )
+            if not rows:
+                print_empty(_none_found("rejected messages", args.reason_contains))
             return EXIT_OK
         jobs = await store.dead.dlq_list(args.reason_contains, args.limit)
     if args.json:
@@ -214,8 +219,12 @@ async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
             f"{(job.error_message or '')[:80]}"
         )
     if not jobs:
-        print("(no dead jobs)")
+        print_empty(_none_found("dead jobs", args.reason_contains))
     return EXIT_OK
+
+
+def _none_found(what: str, contains: str | None) -> str:
+    return f"no {what}" + ("" if contains is None else f" whose reason contains {contains!r}")
 
 
 async def _dlq_replay(args: argparse.Namespace, settings: Settings, store: Any) -> int:
@@ -225,15 +234,18 @@ async def _dlq_replay(args: argparse.Namespace, settings: Settings, store: Any) 
     if args.job_id is None and args.reason_contains is None:
         raise ConfigurationError("say which dead jobs to replay: --job-id or --reason-contains")
     replayed = await store.dead.dlq_replay(args.reason_contains, args.job_id, args.limit, budget)
+    if args.job_id and not replayed:
+        print(f"coldbrew: job {args.job_id} is not dead; nothing to replay", file=sys.stderr)
+        return EXIT_FAILED
+    if not replayed:
+        print_empty(_none_found("dead jobs", args.reason_contains) + "; nothing replayed")
+        return EXIT_OK
     print(
         f"coldbrew: replayed {len(replayed)} dead job(s) with {budget} fresh attempt(s); "
         "a running worker publishes them within a second"
     )
     for job_id in replayed:
         print(job_id)
-    if args.job_id and not replayed:
-        print(f"coldbrew: job {args.job_id} is not dead", file=sys.stderr)
-        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -21,7 +21,9 @@ from coldbrew.errors import ConfigurationError
 from coldbrew.settings import Settings
 
 if TYPE_CHECKING:
-    pass
+    from coldbrew.client import Client
+
+MAX_WAIT_SECONDS = 7 * 86400.0
 
 
 def add_commands(sub: Subparsers[Parser]) -> None:
@@ -56,8 +58,18 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     )
     submit.add_argument("--unique-states", metavar="STATES", help="e.g. queued,running")
     submit.add_argument("--unique-keys", metavar="KEYS", help="the args' keys the key covers")
-    submit.add_argument("--wait", action="store_true", help="wait for a terminal status")
+    submit.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the job to its end (live progress on stderr), then print its status JSON",
+    )
     submit.add_argument("--timeout", type=float, default=300.0, help="how long --wait waits")
+    submit.add_argument(
+        "--json",
+        action="store_true",
+        help="with --wait: progress as plain lines on stderr even on a terminal; stdout "
+        "has only the final status JSON",
+    )
 
     status = sub.add_parser("status", help="print a job's status JSON")
     status.add_argument("job_id")
@@ -101,6 +113,8 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigurationError(f"--args is not JSON: {exc}") from None
     if not isinstance(job_args, dict):
         raise ConfigurationError("--args must be a JSON object")
+    if not 0 < args.timeout <= MAX_WAIT_SECONDS:  # also refuses nan
+        raise ConfigurationError(f"--timeout must be in (0, {MAX_WAIT_SECONDS:g}] seconds")
     app = load_app(args.app, args.app_dir) if args.app else None
     # check_schema: before `coldbrew migrate`, one line that says so, not a traceback
     async with Client.connect(settings, app=app, check_schema=True) as client:
@@ -119,11 +133,37 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         )
         if record.duplicate:
             print(f"coldbrew: a duplicate of job {record.id} (unique)", file=sys.stderr)
-        if args.wait:
-            record = await client.wait(record.id, timeout=args.timeout)
-        print_json(record.to_status_json())
-        failed = args.wait and record.status.value != "succeeded"
-        return EXIT_FAILED if failed else EXIT_OK
+        if app is None and args.queue is None and await client.registered_type(args.type) is None:
+            print(
+                f"coldbrew: type {args.type!r} is not registered by any worker yet; "
+                f"submitted on lane {record.queue!r}",
+                file=sys.stderr,
+            )
+        if not args.wait:
+            print_json(record.to_status_json())
+            return EXIT_OK
+        return await _wait_for(client, record.id, args)
+
+
+async def _wait_for(client: Client, job_id: str, args: argparse.Namespace) -> int:
+    """``submit --wait``: progress on stderr (bars on a terminal, else lines), then the
+    final status JSON on stdout; exit 0 only when the job succeeded."""
+    from rich.console import Console
+
+    from coldbrew.watch import follow, renderer_for
+
+    renderer = renderer_for(Console(stderr=True), plain=args.json)
+    try:
+        [record] = await follow(client, [job_id], renderer, timeout=args.timeout)
+    except TimeoutError as exc:
+        print_json((await client.get(job_id)).to_status_json())
+        print(
+            f"coldbrew: {exc} (--timeout); it goes on: `coldbrew status {job_id}`",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    print_json(record.to_status_json())
+    return EXIT_OK if record.status.value == "succeeded" else EXIT_FAILED
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -139,10 +179,13 @@ async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 
     async with Client.connect(settings, broker=False, check_schema=True) as client:
         record = await client.cancel(args.job_id, args.reason)
-        print_json(record.to_status_json())
-        if record.status.value not in ("cancelled", "running"):
-            print(f"coldbrew: job {args.job_id} is already {record.status}", file=sys.stderr)
-            return EXIT_FAILED
+    if record.status.value not in ("cancelled", "running"):  # finished before: an error only
+        print(
+            f"coldbrew: job {args.job_id} is already {record.status}; nothing to cancel",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    print_json(record.to_status_json())
     return EXIT_OK
 
 

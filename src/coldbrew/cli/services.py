@@ -44,8 +44,8 @@ async def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.demo import run_demo
 
-    if not args.debug:  # the tour prints its own story; keep the log to warnings
-        logs.configure("console", "warning")
+    if not args.debug:  # the tour prints its own story (the garbage message's rejection too)
+        logs.configure("console", "error")
     return await run_demo(settings, keep=args.keep, namespace_given=args.namespace is not None)
 
 

@@ -65,6 +65,7 @@ claimed AS (
 exhausted AS (
     UPDATE jobs AS j
     SET status = 'dead', dead_reason = 'max_attempts', finished_at = now(),
+        progress_message = NULL,
         publish_after = NULL, lease_expires_at = NULL, worker_id = NULL, updated_at = now()
     FROM input AS i
     WHERE j.id = i.id AND j.attempt >= j.max_attempts AND j.status IN ('queued', 'retrying')
@@ -98,7 +99,7 @@ SELECT txid_current() AS xid, pg_postmaster_start_time() AS server_started;
 SELECT id, attempt, status::text AS status, worker_id FROM jobs WHERE id = ANY($1::text[]);
 
 -- name: complete_batch
--- Write outcomes fenced by attempt, with progress not yet flushed, count finished jobs per lane and tenant for the drain rate, and NOTIFY "<schema>.caps" with each capped tenant and type that freed a place; returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons, $9 progress fractions, $10 progress messages)
+-- Write outcomes fenced by attempt, with progress not yet flushed, count finished jobs per lane and tenant for the drain rate, and NOTIFY "<schema>.caps" with each capped tenant and type that freed a place; a finished job's progress message is cleared (a succeeded one's progress is 1); returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons, $9 progress fractions, $10 progress messages)
 WITH written AS (
     UPDATE jobs AS j
     SET status = u.status::job_status,
@@ -113,7 +114,10 @@ WITH written AS (
                              ELSE NULL END,
         progress = CASE WHEN u.status = 'succeeded' THEN 1
                         ELSE coalesce(u.progress, j.progress) END,
-        progress_message = coalesce(u.progress_message, j.progress_message),
+        -- a finished job's record tells the truth: no "rendering" after it succeeded (its
+        -- status is the final word); a retrying one keeps where its attempt stopped
+        progress_message = CASE WHEN u.status = 'retrying'
+                                THEN coalesce(u.progress_message, j.progress_message) END,
         lease_expires_at = NULL,
         worker_id = NULL,
         updated_at = now()
@@ -189,6 +193,8 @@ WITH reaped AS (
                                   || ' stopped renewing its lease'
                         END,
         finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
+        progress_message = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
+                                ELSE j.progress_message END,
         run_at = now(),
         publish_after = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
                              ELSE now() END,
@@ -254,6 +260,8 @@ SET status = CASE WHEN status IN ('queued', 'retrying') THEN 'cancelled'::job_st
     error_kind = CASE WHEN status IN ('queued', 'retrying') THEN 'cancelled' ELSE error_kind END,
     error_message = CASE WHEN status IN ('queued', 'retrying') THEN $2 ELSE error_message END,
     publish_after = CASE WHEN status IN ('queued', 'retrying') THEN NULL ELSE publish_after END,
+    progress_message = CASE WHEN status IN ('queued', 'retrying') THEN NULL
+                            ELSE progress_message END,
     cancel_requested = true,
     cancel_reason = $2,
     updated_at = now()
@@ -638,7 +646,7 @@ SET started_at = excluded.started_at,
 WITH failed AS (
     UPDATE jobs AS j
     SET status = 'failed', error_kind = u.reason, error_message = u.detail,
-        finished_at = now(), publish_after = NULL, lease_expires_at = NULL, worker_id = NULL,
+        progress_message = NULL, finished_at = now(), publish_after = NULL, lease_expires_at = NULL, worker_id = NULL,
         updated_at = now()
     FROM (SELECT DISTINCT ON (r.id) r.id, r.reason, r.detail
           FROM unnest($1::text[], $2::text[], $3::text[]) AS r(id, reason, detail)
@@ -765,6 +773,8 @@ WITH released AS (
                                   || ' died (its PostgreSQL session ended)'
                         END,
         finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
+        progress_message = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
+                                ELSE j.progress_message END,
         run_at = now(),
         publish_after = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
                              ELSE now() END,
@@ -956,3 +966,73 @@ RETURNING *;
 -- name: cron_delete
 -- Delete a schedule's row (a running worker that still declares it declares it again, from now) ($1 name)
 DELETE FROM cron_schedules WHERE name = $1 RETURNING name;
+-- --- the first hour (issue #18): registered job types, finished jobs, watching jobs ---
+
+-- name: register_types
+-- A worker's app at start-up: record each job type's lane and defaults, the newest registration winning; returns the previous registrations, by another worker, that said otherwise (two apps disagree), sorted by type ($1 names, $2 lanes, $3 max attempts or null, $4 timeouts or null, $5 process-pool flags, $6 worker id)
+WITH input AS (
+    SELECT *
+    FROM unnest($1::text[], $2::text[], $3::int4[], $4::float8[], $5::bool[])
+         AS u(name, queue, max_attempts, timeout_seconds, is_process)
+),
+previous AS (
+    -- every statement of a WITH sees one snapshot: these are the rows before the upsert
+    SELECT r.name, r.queue, r.max_attempts, r.timeout_seconds, r.is_process, r.worker_id,
+           r.updated_at
+    FROM registered_types AS r
+    JOIN input AS i ON i.name = r.name
+    WHERE r.worker_id <> $6
+      AND (r.queue, r.max_attempts, r.timeout_seconds, r.is_process)
+          IS DISTINCT FROM (i.queue, i.max_attempts, i.timeout_seconds, i.is_process)
+),
+upserted AS (
+    -- sorted, so that workers starting together lock the rows in one order (no deadlock)
+    INSERT INTO registered_types AS r (name, queue, max_attempts, timeout_seconds, is_process,
+                                       worker_id, updated_at)
+    SELECT name, queue, max_attempts, timeout_seconds, is_process, $6, now()
+    FROM input ORDER BY name
+    ON CONFLICT (name) DO UPDATE
+    SET queue = excluded.queue, max_attempts = excluded.max_attempts,
+        timeout_seconds = excluded.timeout_seconds, is_process = excluded.is_process,
+        worker_id = excluded.worker_id, updated_at = excluded.updated_at
+)
+SELECT name, queue, max_attempts, timeout_seconds, is_process, worker_id, updated_at
+FROM previous ORDER BY name;
+
+-- name: registered_type
+-- The fleet's registration of one job type, for a submitter without the app: none when no worker registered it ($1 type)
+SELECT name, queue, max_attempts, timeout_seconds, is_process, worker_id, updated_at
+FROM registered_types WHERE name = $1;
+
+-- name: list_registered_types
+-- Every job type a worker registered, with its lane and defaults, for `coldbrew types list` (no parameters)
+SELECT name, queue, max_attempts, timeout_seconds, is_process, worker_id, updated_at
+FROM registered_types ORDER BY name;
+
+-- name: finished_stats
+-- Per lane and tenant, the jobs that finished in the last $1 seconds, by final status, with the median and 95th percentile of their run time (first start to finish) and their median wait (submission to first start); a range scan of jobs_finished ($1 seconds, $2 tenant or null)
+SELECT queue, tenant,
+       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       (percentile_cont(0.5) WITHIN GROUP (
+            ORDER BY extract(epoch FROM finished_at - started_at))
+        FILTER (WHERE started_at IS NOT NULL))::float8 AS run_p50_seconds,
+       (percentile_cont(0.95) WITHIN GROUP (
+            ORDER BY extract(epoch FROM finished_at - started_at))
+        FILTER (WHERE started_at IS NOT NULL))::float8 AS run_p95_seconds,
+       (percentile_cont(0.5) WITHIN GROUP (
+            ORDER BY extract(epoch FROM started_at - created_at))
+        FILTER (WHERE started_at IS NOT NULL))::float8 AS wait_p50_seconds
+FROM jobs
+WHERE finished_at IS NOT NULL
+  AND finished_at >= now() - make_interval(secs => $1)
+  AND status IN ('succeeded', 'failed', 'cancelled', 'dead')
+  AND ($2::text IS NULL OR tenant = $2)
+GROUP BY queue, tenant
+ORDER BY queue, tenant;
+
+-- name: get_jobs
+-- The rows of several jobs in one statement, one primary-key lookup each, for following them from the command line and the demo ($1 ids)
+SELECT j.* FROM unnest($1::text[]) AS u(id) JOIN jobs AS j ON j.id = u.id;

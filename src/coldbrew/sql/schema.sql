@@ -182,3 +182,16 @@ CREATE TABLE cron_schedules (
     created_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now()
 );
+-- --- the first hour (issue #18): registered job types, finished jobs by time -------------
+
+CREATE TABLE registered_types (
+    name             text PRIMARY KEY,
+    queue            text NOT NULL,
+    max_attempts     integer CHECK (max_attempts >= 1),
+    timeout_seconds  double precision CHECK (timeout_seconds > 0),
+    is_process       boolean NOT NULL,
+    worker_id        text NOT NULL,
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;

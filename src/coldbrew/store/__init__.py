@@ -12,6 +12,7 @@ concern, each with one method per named query in ``sql/queries.sql``:
 - ``store.dead`` (dead.py): dead jobs and rejected messages;
 - ``store.stats`` (stats.py): counts per lane and tenant;
 - ``store.cron`` (cron.py): cron schedules and the transaction that fires their ticks.
+- ``store.types`` (types.py): the job types workers' apps registered (lanes for submitters).
 
 ``base.py`` holds the pool, the batch connections and the one place where
 driver errors are translated (``DatabaseUnavailable``); ``records.py`` the
@@ -63,8 +64,9 @@ from coldbrew.store.records import (
     RawJSON,
     TenantSettings,
 )
-from coldbrew.store.stats import StatsStore
+from coldbrew.store.stats import FinishedStats, StatsStore
 from coldbrew.store.tenants import TENANTS_CHANGED, TenantStore
+from coldbrew.store.types import RegisteredType, TypeRegistration, TypeRegistry
 from coldbrew.store.unique import Admission, UniqueKey, UniqueRows
 
 __all__ = [
@@ -90,6 +92,7 @@ __all__ = [
     "Database",
     "DeadLetterStore",
     "DuePublish",
+    "FinishedStats",
     "JobRows",
     "JobStore",
     "JobTypeSettings",
@@ -103,9 +106,12 @@ __all__ = [
     "RawJSON",
     "ReconcilePass",
     "ReconcileStore",
+    "RegisteredType",
     "StatsStore",
     "TenantSettings",
     "TenantStore",
+    "TypeRegistration",
+    "TypeRegistry",
     "UniqueKey",
     "UniqueRows",
     "WaitingCount",

@@ -61,6 +61,10 @@ class JobRows(StoreBase):
             JobRecord.from_row(row) for row in await self._fetch("get_finished_jobs", list(ids))
         ]
 
+    async def get_jobs(self, ids: Sequence[str]) -> list[JobRecord]:
+        """The rows of ``ids`` that exist, in one statement (a watcher's poll)."""
+        return [JobRecord.from_row(row) for row in await self._fetch("get_jobs", list(ids))]
+
     async def request_cancel(self, job_id: str, reason: str) -> JobRecord:
         row = await self._fetchrow("request_cancel", job_id, reason)
         if row is None:

@@ -30,6 +30,7 @@ from coldbrew.store.outbox import Outbox
 from coldbrew.store.reconcile import ReconcileStore
 from coldbrew.store.stats import StatsStore
 from coldbrew.store.tenants import TenantStore
+from coldbrew.store.types import TypeRegistry
 from coldbrew.store.unique import UniqueRows
 
 
@@ -64,6 +65,8 @@ class JobStore(StoreBase):
         """Unique jobs' keys, and the aliases of raw duplicates' message ids."""
         self.cron = CronStore(db)
         """Cron schedules: declarations, watermarks, the firing transaction, pauses."""
+        self.types = TypeRegistry(db)
+        """The job types workers' apps registered: lanes for submitters without the app."""
 
     @classmethod
     @asynccontextmanager

@@ -31,6 +31,7 @@ from coldbrew.worker.intake import Intake
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.liveness import Liveness
 from coldbrew.worker.reaper import Reaper
+from coldbrew.worker.registration import publish_job_types
 from coldbrew.worker.relay import Relay
 from coldbrew.worker.runner import JobRunner
 from coldbrew.worker.tenant_watch import TenantQueues
@@ -126,6 +127,7 @@ async def open_parts(stack: AsyncExitStack, shared: Shared) -> Parts:
         worker_id=settings.worker_id,
         commit=settings.claim_commit,
     )
+    await publish_job_types(store, shared.app, settings.worker_id)  # before it consumes
     broker = Broker(
         settings.amqp_url,
         shared.topology,

@@ -258,7 +258,14 @@ class JobRunner:
             "max_attempts": claim.max_attempts,
             "checkpoint": claim.checkpoint,
         }
-        return await self.pool.run(ctx.type, state.delivery.args, info, ctx, timeout=timeout)
+        if state.stop is not None:
+            raise JobCancelled(state.stop.value)
+        # no deadline (the pool counts the timeout once a child has the job): the scope lets
+        # a cancel end the wait for a free child, which pool.cancel cannot reach
+        scope = asyncio.timeout(None)
+        state.scope = scope
+        async with scope:
+            return await self.pool.run(ctx.type, state.delivery.args, info, ctx, timeout=timeout)
 
     def stop(self, state: JobState, why: Stop, reason: str = "") -> None:
         """Stop a running job: cancelled by request (``reason``), fenced, or released."""
@@ -266,9 +273,9 @@ class JobRunner:
             return
         state.stop = why
         state.cancel_reason = reason
-        if state.in_process and self.pool is not None:
-            self.pool.cancel(state.id)
-        elif state.scope is not None:
+        if state.in_process and self.pool is not None and self.pool.cancel(state.id):
+            return  # its child is killed; the pool's run() raises JobCancelled
+        if state.scope is not None:  # a coroutine, or a pool job still waiting for a child
             # RuntimeError: the scope already exited, the job is finishing anyway
             with contextlib.suppress(RuntimeError):
                 state.scope.reschedule(asyncio.get_running_loop().time())

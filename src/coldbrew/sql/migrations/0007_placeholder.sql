@@ -1,3 +1,0 @@
--- Placeholder so that 0008 applies on this branch (migrations are numbered without gaps).
--- Another helper of issue #15 owns number 0007: the merger deletes this file.
-SELECT 1;
