@@ -152,4 +152,6 @@ async def _posted_key(request: Request) -> str:
         fields = parse_qs(body.decode("utf-8", errors="replace"), max_num_fields=LOGIN_MAX_FIELDS)
     except ValueError as exc:  # more fields than a login form has
         raise ApiError(400, "invalid_form", "the form has too many fields") from exc
+    if unknown := sorted(set(fields) - {"key"}):  # the form has one field (OpenAPI says so)
+        raise ApiError(400, "invalid_form", f"the login form has only a `key` field, not {unknown}")
     return (fields.get("key") or [""])[0].strip()

@@ -103,6 +103,22 @@ def _submit_schema() -> dict[str, Any]:
     return schema
 
 
+_SSE_EVENT: Final = {
+    "type": "object",
+    "description": "one server-sent event",
+    "properties": {
+        "event": {"enum": ["status", "error"]},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "status: the job's status JSON; error: `{kind, message}`",
+        },
+        "id": {"type": "string", "description": "the status's ETag (without quotes)"},
+        "retry": {"type": "integer", "description": "reconnection delay, ms (first event)"},
+    },
+}
+
+
 def _jobs_paths(max_wait_seconds: float) -> dict[str, Any]:
     return {
         "/jobs": {"post": _submit_operation()},
@@ -119,8 +135,10 @@ def _jobs_paths(max_wait_seconds: float) -> dict[str, Any]:
                 ],
                 "responses": {
                     "200": {
-                        "description": "`event: status` with the status JSON as data",
-                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                        "description": "`event: status` with the status JSON as data; "
+                        "`event: error` if the job store became unreachable (then the stream "
+                        "ends: reconnect with Last-Event-ID)",
+                        "content": {"text/event-stream": {"schema": _SSE_EVENT}},
                     },
                     **_errors(401, 404, 422, 503, waits=True),
                 },
@@ -329,7 +347,7 @@ def _login_operation() -> dict[str, Any]:
         "type": "object",
         "required": ["key"],
         "properties": {"key": {"type": "string"}},
-        "maxProperties": LOGIN_MAX_FIELDS,
+        "additionalProperties": False,
     }
     return {
         "summary": "Sign in: sets the HTTP-only dashboard cookie",
@@ -341,7 +359,8 @@ def _login_operation() -> dict[str, Any]:
         "responses": {
             "303": {"description": "Signed in (Set-Cookie); redirect to /dashboard."},
             "400": {
-                "description": f"More than {LOGIN_MAX_FIELDS} fields (`invalid_form`).",
+                "description": f"A field other than `key`, or more than {LOGIN_MAX_FIELDS} "
+                "(`invalid_form`).",
                 "content": _ERROR,
             },
             "401": {"description": "Wrong or missing key: the form again.", "content": _HTML},

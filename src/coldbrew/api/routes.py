@@ -216,7 +216,7 @@ async def cancel_job(request: Request) -> Response:
     principal = state.keys.authenticate(request)
     record = await _owned_job(request, principal)
     reason = request.query_params.get("reason") or "cancelled over the HTTP API"
-    record = await state.client.cancel(record.id, reason[:500])
+    record = await state.client.cancel(record.id, reason)  # over MAX_REASON: 422
     snapshot = Snapshot.of(record)
     if record.status is Status.CANCELLED:
         return JSONResponse(snapshot.status, headers={"ETag": snapshot.etag})

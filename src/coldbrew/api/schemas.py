@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from coldbrew.api.errors import ApiError
 from coldbrew.app import JOB_TYPE_RE
@@ -23,6 +23,17 @@ from coldbrew.model import (
 )
 
 
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's integer: 7 and 7.0 alike (one number), never "7" or true."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JSON_INTEGER = BeforeValidator(_json_integer)
+"""On an integer field: strict (no strings, no booleans), but 7.0 is 7, as in JSON Schema."""
+
+
 class SubmitBody(BaseModel):
     """A job submission; the job id comes from the ``Idempotency-Key`` header or is new."""
 
@@ -32,8 +43,8 @@ class SubmitBody(BaseModel):
     args: dict[str, Any] = Field(default_factory=dict)
     tenant: Annotated[str | None, Field(pattern=NAME_RE.pattern)] = None
     queue: Annotated[str | None, Field(pattern=NAME_RE.pattern)] = None
-    priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] = 0
-    max_attempts: Annotated[int | None, Field(ge=1, le=MAX_ATTEMPTS)] = None
+    priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY), JSON_INTEGER] = 0
+    max_attempts: Annotated[int | None, Field(ge=1, le=MAX_ATTEMPTS), JSON_INTEGER] = None
     # the worker's bounds (model.py); what else a worker refuses (a NUL in args, NaN,
     # a body over its limit) Client.submit refuses with the worker's own checks
     timeout_seconds: Annotated[
