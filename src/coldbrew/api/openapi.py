@@ -79,6 +79,12 @@ _TEXTS: Final = {
 }
 
 
+_CAP = (
+    "A connection opened while this process holds COLDBREW_API_MAX_CONNECTIONS connections "
+    "is answered 503 `too_many_connections` (JSON error, Retry-After) on its first request."
+)
+
+
 def _errors(*codes: int, waits: bool = False) -> dict[str, Any]:
     """Error responses by status; ``waits``: the route may hold a waiter slot."""
     responses: dict[str, Any] = {}
@@ -236,7 +242,10 @@ def _service_paths() -> dict[str, Any]:
                 "security": [],
                 "responses": {
                     "200": {"description": "ready", "content": _PROBE},
-                    "503": {"description": "not ready", "content": _PROBE},
+                    "503": {
+                        "description": "Not ready: PostgreSQL is unreachable.",
+                        "content": _PROBE,
+                    },
                 },
             }
         },
@@ -380,13 +389,10 @@ def _with_protocol_answers(paths: dict[str, Any]) -> dict[str, Any]:
         for operation in operations.values():
             responses = operation["responses"]
             responses.setdefault("408", {"description": _TEXTS[408], "content": _ERROR})
-            if "503" not in responses:
-                responses["503"] = {
-                    "description": "This process holds COLDBREW_API_MAX_CONNECTIONS "
-                    "connections (`too_many_connections`); retry after Retry-After seconds.",
-                    "content": _ERROR,
-                    "headers": _RETRY_AFTER,
-                }
+            unavailable = responses.setdefault("503", {"description": "", "content": _ERROR})
+            if "headers" not in unavailable:  # not yet the connection cap's: say it
+                unavailable["description"] = (unavailable["description"] + " " + _CAP).strip()
+                unavailable["headers"] = _RETRY_AFTER
     return paths
 
 

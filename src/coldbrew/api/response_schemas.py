@@ -157,4 +157,3 @@ DASHBOARD_SCHEMA: dict[str, Any] = {
         },
     },
 }
-
