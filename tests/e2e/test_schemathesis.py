@@ -6,8 +6,9 @@ job of any well-formed type is accepted, as the document says, and the worker
 dead-letters the types it does not know. The run is bounded (examples per
 operation and per phase in ``schemathesis.toml``, a fixed seed, no example
 database) so it is the same run every time: about 560 cases in under a minute
-on two cores. Every check is on (``checks.enabled`` in the file; the one
-exception there is held to its single operation by tests/unit/test_openapi.py).
+on two cores. Every check is on (``checks.enabled`` in the file; its one
+exception, use_after_free on the reads of a cancelled job, is held to those
+operations by tests/unit/test_openapi.py).
 """
 
 from __future__ import annotations
