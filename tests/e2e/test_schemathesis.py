@@ -118,7 +118,9 @@ async def test_schemathesis_finds_no_failure(settings: Settings, tmp_path: Path)
         print(f"schemathesis: {sum(counts.values())} requests;", output[-400:])
     finally:
         api.terminate()
-        await asyncio.to_thread(api.wait, 30)
-        stop_process(api)
-        if worker is not None:
-            await terminate(worker)
+        try:
+            await asyncio.to_thread(api.wait, 30)
+        finally:
+            stop_process(api)  # killed if SIGTERM did not end it
+            if worker is not None:
+                await terminate(worker)
