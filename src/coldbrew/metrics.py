@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import platform
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from importlib import metadata
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -36,17 +38,23 @@ if TYPE_CHECKING:
     from coldbrew.procpool import ProcessPool
 
 __all__ = [
+    "API_BUCKETS",
     "BREAKER_STATES",
     "DURATION_BUCKETS",
     "OUTCOMES",
     "RECONCILE_RULES",
     "REDELIVERY_CAUSES",
     "RELAY_CAUSES",
+    "WAITER_KINDS",
+    "WEBHOOK_OUTCOMES",
+    "ApiMetrics",
     "JobHandles",
     "Metrics",
     "MetricsServer",
     "Outcome",
     "ScrapeCallback",
+    "coldbrew_version",
+    "init_build_info",
 ]
 
 Outcome = Literal["succeeded", "failed", "retrying", "dead", "cancelled", "fenced", "released"]
@@ -124,6 +132,8 @@ class Metrics:
         self._init_reconcile_metrics(registry)
         self._init_unique_metrics(registry)
         self._init_cron_metrics(registry)
+        self._init_dead_letter_metrics(registry)
+        init_build_info(registry)
         self._handles: dict[tuple[str, str], JobHandles] = {}
         # Known label values exist from the start, so rate() sees the first increment.
         for cause in REDELIVERY_CAUSES:
@@ -173,7 +183,8 @@ class Metrics:
         )
         self.dead_letters = Counter(
             "coldbrew_dead_letters_total",
-            "Jobs or messages sent to the dead letters.",
+            "Deprecated (removed in the next release): rejected messages and dead jobs in one "
+            "counter; use coldbrew_rejected_messages_total and coldbrew_jobs_dead_total.",
             ["reason"],
             registry=reg,
         )
@@ -355,6 +366,39 @@ class Metrics:
             lag = (started_at - tick).total_seconds()
             self.cron_start_lag.labels(schedule=schedule).observe(max(0.0, lag))
 
+    def _init_dead_letter_metrics(self, reg: CollectorRegistry) -> None:
+        """Rejected messages and dead jobs, apart: a broken producer is not a failing job.
+
+        ``coldbrew_dead_letters_total`` (deprecated) still counts both, as it
+        did; ``rejected`` and ``job_dead`` keep it in step (one call, two counters).
+        """
+        self.rejected_messages = Counter(
+            "coldbrew_rejected_messages_total",
+            "Messages that broke the message contract (not JSON, unknown type, bad arguments, "
+            "data PostgreSQL cannot store...), stored as rejected and acked, by reason.",
+            ["reason"],
+            registry=reg,
+        )
+        # not coldbrew_dead_jobs_total: the fleet gauge coldbrew_dead_jobs (stats.py) owns
+        # that family name, and a counter named so would collide with it
+        self.jobs_dead = Counter(
+            "coldbrew_jobs_dead_total",
+            "Jobs that became dead (out of attempts, a lease lost for the last time, "
+            "refused outright), by reason.",
+            ["reason"],
+            registry=reg,
+        )
+
+    def rejected(self, reason: str) -> None:
+        """A message broke the contract: counted as rejected (and as a dead letter)."""
+        self.rejected_messages.labels(reason).inc()
+        self.dead_letters.labels(reason).inc()
+
+    def job_dead(self, reason: str) -> None:
+        """A job became dead: counted as dead (and as a dead letter)."""
+        self.jobs_dead.labels(reason).inc()
+        self.dead_letters.labels(reason).inc()
+
     def job_handles(self, queue: str, type: str) -> JobHandles:
         """Return the cached labelled children for a registered job type on a queue.
 
@@ -445,6 +489,99 @@ class Metrics:
             [],
             lambda: [((), pool.alive)],
         )
+
+
+# --- coldbrew api (api/instrument.py, api/webhooks.py) ------------------------
+
+# Request latency: most answers take milliseconds; long polls and event streams
+# are held up to minutes, so the top buckets tell a held request from a slow one.
+API_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+WEBHOOK_OUTCOMES: Final = ("delivered", "refused", "retried", "gave_up", "untracked")
+WAITER_KINDS: Final = ("long_poll", "event_stream")
+
+
+class ApiMetrics:
+    """The metrics of one ``coldbrew api`` process, registered on ``registry``.
+
+    Routes are labelled by their template (``/jobs/{job_id}``), never the raw
+    path, and methods outside HTTP's registered few as ``other``: no request
+    can add a series of its own.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        init_build_info(registry)
+        self._init_api_metrics(registry)
+
+    def _init_api_metrics(self, reg: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "coldbrew_api_requests_total",
+            "HTTP requests answered, by route template (unmatched: no route), method and status.",
+            ["route", "method", "status"],
+            registry=reg,
+        )
+        self.request_seconds = Histogram(
+            "coldbrew_api_request_seconds",
+            "Time from a request's arrival to the end of its answer (long polls and event "
+            "streams included: they are held open), by route template and method.",
+            ["route", "method"],
+            buckets=API_BUCKETS,
+            registry=reg,
+        )
+        self.webhooks = Counter(
+            "coldbrew_api_webhooks_total",
+            "Webhook outcomes: delivered, refused (a 4xx other than 408/425/429: not retried), "
+            "retried (an attempt failed and another follows), gave_up (attempts spent), "
+            "untracked (forgotten before it finished: 100,000 jobs were being watched).",
+            ["outcome"],
+            registry=reg,
+        )
+        for outcome in WEBHOOK_OUTCOMES:
+            self.webhooks.labels(outcome)
+
+    def watch_waiters(self, open_waiters: Callable[[], Mapping[str, int]]) -> None:
+        """``coldbrew_api_open_waiters{kind}``: long polls and event streams open now."""
+
+        def series() -> list[tuple[Sequence[str], float]]:
+            counts = open_waiters()
+            return [((kind,), counts.get(kind, 0)) for kind in WAITER_KINDS]
+
+        self.registry.register(
+            _CallbackCollector(
+                "coldbrew_api_open_waiters",
+                "Long polls (kind long_poll) and event streams (event_stream) open now; "
+                "together at most COLDBREW_API_MAX_WAITERS.",
+                ("kind",),
+                series,
+            )
+        )
+
+    def webhook(self, outcome: str) -> None:
+        self.webhooks.labels(outcome).inc()
+
+
+def init_build_info(registry: CollectorRegistry) -> Gauge:
+    """``coldbrew_build_info{version,python} 1``: which build every component runs.
+
+    The usual Prometheus idiom: join on it (``* on(instance) group_left(version)``)
+    to see a rollout's progress, or alert on two versions serving at once.
+    """
+    info = Gauge(
+        "coldbrew_build_info",
+        "Always 1; the labels say which coldbrew and which Python this process runs.",
+        ["version", "python"],
+        registry=registry,
+    )
+    info.labels(version=coldbrew_version(), python=platform.python_version()).set(1)
+    return info
+
+
+def coldbrew_version() -> str:
+    """The installed coldbrew's version (the ``workers`` row and ``coldbrew_build_info``)."""
+    try:
+        return metadata.version("coldbrew")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class _CallbackCollector:

@@ -255,10 +255,10 @@ async def test_http_duplicate_is_200_and_bad_options_422(uclient: Client) -> Non
         assert theirs.json()["error"]["kind"] == "unique_conflict"
         assert mine.json()["id"] not in theirs.text
         for bad, kind in (
-            ({"unique_for": -5}, "invalid_unique"),
-            ({"unique_for": "later"}, "invalid_unique"),
-            ({"unique_for": 5, "unique_by": ["colour"]}, "invalid_unique"),
-            ({"unique_for": 5, "unique_states": ["finished"]}, "invalid_unique"),
+            ({"unique_for": -5}, "invalid_body"),
+            ({"unique_for": "later"}, "invalid_body"),
+            ({"unique_for": 5, "unique_by": ["colour"]}, "invalid_body"),
+            ({"unique_for": 5, "unique_states": ["finished"]}, "invalid_body"),
             ({"unique_for": True}, "invalid_body"),
             ({"unique_for": 5, "unique_by": "args"}, "invalid_body"),
         ):

@@ -26,16 +26,16 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_waiter_slots_refuse_past_the_limit_with_503_and_retry_after() -> None:
     """Two slots: a third waiter gets 503 too_many_waiters with Retry-After; a release frees one."""
     slots = WaiterSlots(2)
-    first, second = slots.take(), slots.take()
+    first, second = slots.take("long_poll"), slots.take("long_poll")
     with pytest.raises(ApiError) as refused:
-        slots.take()
+        slots.take("long_poll")
     assert (refused.value.status, refused.value.kind) == (503, "too_many_waiters")
     assert refused.value.headers["Retry-After"].isdigit()
     assert "COLDBREW_API_MAX_WAITERS" in refused.value.message
     first.release()
     first.release()  # idempotent: a second release does not free a slot it no longer holds
     assert slots.busy == 1
-    with slots.take():
+    with slots.take("long_poll"):
         assert slots.busy == 2
     assert slots.busy == 1
     second.release()
@@ -45,10 +45,10 @@ def test_waiter_slots_refuse_past_the_limit_with_503_and_retry_after() -> None:
 def test_waiter_slot_is_given_back_when_the_wait_fails() -> None:
     """A long poll that raises (the store went away) still returns its slot."""
     slots = WaiterSlots(1)
-    with pytest.raises(RuntimeError), slots.take():
+    with pytest.raises(RuntimeError), slots.take("long_poll"):
         raise RuntimeError("store unreachable")
     assert slots.busy == 0
-    slots.take().release()
+    slots.take("long_poll").release()
 
 
 def test_a_waiter_limit_below_one_is_refused() -> None:

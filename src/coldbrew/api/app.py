@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from coldbrew.api import dashboard, routes
 from coldbrew.api.auth import KeyRing
@@ -17,11 +23,15 @@ from coldbrew.api.errors import (
     on_api_error,
     on_client_gone,
     on_coldbrew_error,
+    on_http_exception,
     on_unexpected,
 )
+from coldbrew.api.instrument import RequestMetrics
 from coldbrew.api.limits import WaiterSlots
+from coldbrew.api.openapi import build_spec
 from coldbrew.client import Client
 from coldbrew.errors import ColdbrewError
+from coldbrew.metrics import ApiMetrics
 from coldbrew.model import JobRecord
 from coldbrew.settings import Settings
 from coldbrew.stats import DrainRates
@@ -52,27 +62,60 @@ class ApiState:
     config: ApiConfig
     on_submitted: Callable[[JobRecord], None] | None
     waiters: WaiterSlots  # long polls and event streams now open, out of config.max_waiters
+    metrics: ApiMetrics
+    spec: dict[str, Any]  # /openapi.json, built once from the validators and this config
     rates: DrainRates = field(default_factory=DrainRates)  # the dashboard's, across its loads
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # see stop_waiting()
 
 
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class PathRoute(Route):
+    """Every method of one path in one route, so that a 405 names them all in ``Allow``.
+
+    Starlette tries routes in order and answers 405 from the first one whose
+    path matched; with one ``Route`` per method, ``OPTIONS /jobs/{job_id}``
+    said ``Allow: GET, HEAD`` and left out DELETE. Here one route holds the
+    path's handlers, and its 405 is coldbrew's JSON error with the full list.
+    """
+
+    def __init__(self, path: str, name: str, **handlers: Endpoint) -> None:
+        self.handlers = {method.upper(): handler for method, handler in handlers.items()}
+        super().__init__(path, self._dispatch, methods=list(self.handlers), name=name)
+        self.served: frozenset[str] = frozenset(self.methods or ())  # GET brings HEAD
+        order = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+        self.allow = ", ".join(m for m in order if m in self.served)
+
+    async def _dispatch(self, request: Request) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method
+        return await self.handlers[method](request)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] not in self.served:
+            raise ApiError(
+                405,
+                "method_not_allowed",
+                f"{scope['method']} is not allowed here; allowed: {self.allow}",
+                headers={"Allow": self.allow},
+            )
+        await super().handle(scope, receive, send)
+
+
 ROUTES = [
-    Route("/jobs", routes.submit_job, methods=["POST"], name="submit_job"),
-    Route("/jobs/{job_id}", routes.get_job, methods=["GET"], name="get_job"),
-    Route("/jobs/{job_id}", routes.cancel_job, methods=["DELETE"], name="cancel_job"),
-    Route("/jobs/{job_id}/events", routes.job_events, methods=["GET"], name="job_events"),
-    Route("/healthz", routes.healthz, methods=["GET"], name="healthz"),
-    Route("/readyz", routes.readyz, methods=["GET"], name="readyz"),
-    Route("/openapi.json", routes.openapi, methods=["GET"], name="openapi"),
-    Route("/", dashboard.home, methods=["GET"], name="home"),
-    Route("/dashboard", dashboard.dashboard, methods=["GET"], name="dashboard"),
-    Route("/dashboard.json", dashboard.dashboard_json, methods=["GET"], name="dashboard_json"),
-    Route("/dashboard/login", dashboard.login_form, methods=["GET"], name="login_form"),
-    Route("/dashboard/login", dashboard.login, methods=["POST"], name="login"),
-    Route("/dashboard/logout", dashboard.logout, methods=["POST"], name="logout"),
-    Route(
-        "/dashboard/jobs/{job_id}", dashboard.dashboard_job, methods=["GET"], name="dashboard_job"
-    ),
+    PathRoute("/jobs", "jobs", post=routes.submit_job),
+    PathRoute("/jobs/{job_id}", "job", get=routes.get_job, delete=routes.cancel_job),
+    PathRoute("/jobs/{job_id}/events", "job_events", get=routes.job_events),
+    PathRoute("/healthz", "healthz", get=routes.healthz),
+    PathRoute("/readyz", "readyz", get=routes.readyz),
+    PathRoute("/metrics", "metrics", get=routes.metrics),
+    PathRoute("/openapi.json", "openapi", get=routes.openapi),
+    PathRoute("/", "home", get=dashboard.home),
+    PathRoute("/dashboard", "dashboard", get=dashboard.dashboard),
+    PathRoute("/dashboard.json", "dashboard_json", get=dashboard.dashboard_json),
+    PathRoute("/dashboard/login", "login", get=dashboard.login_form, post=dashboard.login),
+    PathRoute("/dashboard/logout", "logout", post=dashboard.logout),
+    PathRoute("/dashboard/jobs/{job_id}", "dashboard_job", get=dashboard.dashboard_job),
 ]
 
 
@@ -82,20 +125,36 @@ def create_app(
     config: ApiConfig | None = None,
     *,
     on_submitted: Callable[[JobRecord], None] | None = None,
+    metrics: ApiMetrics | None = None,
 ) -> Starlette:
-    """The ASGI app; ``client`` stays owned by the caller (it is opened and closed outside)."""
+    """The ASGI app; ``client`` stays owned by the caller (it is opened and closed outside).
+
+    ``metrics``: the process's (``coldbrew api`` shares them with the webhook
+    dispatcher); a fresh registry when not given.
+    """
+    metrics = metrics or ApiMetrics(CollectorRegistry())
     app = Starlette(
         routes=list(ROUTES),
+        middleware=[Middleware(RequestMetrics, metrics=metrics)],
         exception_handlers={
             ApiError: on_api_error,
+            HTTPException: on_http_exception,
             ClientDisconnect: on_client_gone,
             ColdbrewError: on_coldbrew_error,
             Exception: on_unexpected,
         },
     )
     config = config or ApiConfig()
+    waiters = WaiterSlots(config.max_waiters)
+    metrics.watch_waiters(lambda: waiters.open)
     app.state.api = ApiState(
-        client, keys, config, on_submitted, waiters=WaiterSlots(config.max_waiters)
+        client,
+        keys,
+        config,
+        on_submitted,
+        waiters=waiters,
+        metrics=metrics,
+        spec=build_spec(max_wait_seconds=config.max_wait_seconds),
     )
     return app
 

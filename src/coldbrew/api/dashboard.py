@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from coldbrew.api.app import ApiState
 
 LOGIN_BODY_LIMIT = 4096
+LOGIN_MAX_FIELDS = 10  # more is not a login form: 400 invalid_form
 COOKIE_MAX_AGE_SECONDS = 12 * 3600
 # no scripts, no external assets, no framing: escaping is not the only line of defence
 PAGE_HEADERS = {
@@ -148,7 +149,9 @@ async def _posted_key(request: Request) -> str:
         if len(body) > LOGIN_BODY_LIMIT:
             raise ApiError(413, "too_large", f"the form is over {LOGIN_BODY_LIMIT} bytes")
     try:
-        fields = parse_qs(body.decode("utf-8", errors="replace"), max_num_fields=10)
+        fields = parse_qs(body.decode("utf-8", errors="replace"), max_num_fields=LOGIN_MAX_FIELDS)
     except ValueError as exc:  # more fields than a login form has
         raise ApiError(400, "invalid_form", "the form has too many fields") from exc
+    if unknown := sorted(set(fields) - {"key"}):  # the form has one field (OpenAPI says so)
+        raise ApiError(400, "invalid_form", f"the login form has only a `key` field, not {unknown}")
     return (fields.get("key") or [""])[0].strip()

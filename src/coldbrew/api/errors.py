@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import structlog
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -71,6 +72,13 @@ def error_response(
 async def on_api_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return error_response(exc.status, exc.kind, exc.message, exc.headers, exc.extra)
+
+
+async def on_http_exception(_request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (a path no route has: 404) in the one error shape."""
+    assert isinstance(exc, HTTPException)
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, kind, exc.detail, exc.headers)
 
 
 async def on_client_gone(request: Request, _exc: Exception) -> Response:

@@ -80,10 +80,12 @@ class WaiterSlots:
             raise ValueError("the waiter limit must be at least 1")
         self.limit = limit
         self.busy = 0
+        self.open: dict[str, int] = {}  # by kind (long_poll, event_stream): the metrics' gauge
         self.overload = OverloadLog("api_waiter_limit_reached")
 
-    def take(self) -> WaiterSlot:
-        """A slot (release it, or use it as a context manager); 503 when all are taken."""
+    def take(self, kind: str) -> WaiterSlot:
+        """A slot of ``kind`` (release it, or use it as a context manager); 503 when all
+        are taken."""
         if self.busy >= self.limit:
             self.overload.refused(limit=self.limit)
             raise ApiError(
@@ -94,18 +96,21 @@ class WaiterSlots:
                 headers={"Retry-After": RETRY_AFTER_SECONDS},
             )
         self.busy += 1
-        return WaiterSlot(self)
+        self.open[kind] = self.open.get(kind, 0) + 1
+        return WaiterSlot(self, kind)
 
 
 class WaiterSlot:
     """One taken waiter slot; ``release`` is idempotent, so every exit path may call it."""
 
-    def __init__(self, slots: WaiterSlots) -> None:
+    def __init__(self, slots: WaiterSlots, kind: str) -> None:
         self._slots: WaiterSlots | None = slots
+        self.kind = kind
 
     def release(self) -> None:
         if self._slots is not None:
             self._slots.busy -= 1
+            self._slots.open[self.kind] -= 1
             self._slots = None
 
     def __enter__(self) -> WaiterSlot:

@@ -1,30 +1,58 @@
-"""The OpenAPI 3.1 document served at ``/openapi.json``.
+"""The OpenAPI 3.1 document served at ``/openapi.json``, built from the server's own validators.
 
-Hand-written, because the routes are plain Starlette handlers; a test checks
-that every route and method is documented here, so the two cannot drift.
+Nothing the server checks is restated here by hand: the ``POST /jobs`` body
+is ``SubmitBody``'s JSON schema (so a field added to the model is documented
+by that change), the path id is ``model.JOB_ID_RE``, the wait cap is the
+process's ``COLDBREW_API_MAX_WAIT_SECONDS``, header and reason limits are the
+constants the routes use. ``tests/unit/test_openapi.py`` holds the document
+to those validators, and ``tests/e2e/test_schemathesis.py`` holds the real
+server to the document.
+
+Responses: each operation lists what its route can answer, plus the two
+answers the HTTP protocol layer can give on any route (408 ``header_timeout``
+and 503 ``too_many_connections``, ``api.protocol``). A method a path does not
+serve is 405 with ``Allow`` naming every one it does; a path no route has is
+404 ``not_found``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from coldbrew.model import MAX_PRIORITY, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS
-from coldbrew.unique import KNOWN_STATES, MAX_PERIOD_SECONDS
-from coldbrew.unique import PARTS as UNIQUE_PARTS
+from coldbrew.api.auth import DASHBOARD_COOKIE
+from coldbrew.api.dashboard import LOGIN_BODY_LIMIT, LOGIN_MAX_FIELDS
+from coldbrew.api.response_schemas import DASHBOARD_SCHEMA, ERROR_SCHEMA, STATUS_SCHEMA
+from coldbrew.api.schemas import SubmitBody
+from coldbrew.client import MAX_REASON
+from coldbrew.model import JOB_ID_RE, MAX_IDEMPOTENCY_KEY
+
+DEFAULT_MAX_WAIT_SECONDS: Final = 60.0
+NO_NUL: Final = "^[^\\u0000]*$"
+"""Text PostgreSQL can store: no NUL (a lone surrogate cannot travel in JSON text at all)."""
+
+BEARER: Final[dict[str, list[str]]] = {"bearer": []}
+COOKIE: Final[dict[str, list[str]]] = {"dashboardCookie": []}
 
 
 def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/{name}"}
+    return {"$ref": f"#/components/schemas/{name}"}
 
 
-_JOB = {"application/json": {"schema": _ref("schemas/JobStatus")}}
-_ERROR = {"application/json": {"schema": _ref("schemas/Error")}}
-_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-
-
-_RETRY_AFTER = {
-    "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}
+_JOB = {"application/json": {"schema": _ref("JobStatus")}}
+_ERROR = {"application/json": {"schema": _ref("Error")}}
+_HTML = {"text/html": {"schema": {"type": "string"}}}
+_PROBE = {"application/json": {"schema": {"type": "object"}}}
+_JOB_ID = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": JOB_ID_RE.pattern},
+    "description": "1-128 printable ASCII characters (another id is 422 `invalid_job_id`)",
 }
+_RETRY_AFTER = {
+    "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "string"}}
+}
+
 _UNAVAILABLE = (
     "PostgreSQL (or RabbitMQ) is unreachable (`database_unavailable`, `broker_unavailable`), "
     "or this process holds COLDBREW_API_MAX_CONNECTIONS connections (`too_many_connections`); "
@@ -35,395 +63,74 @@ _WAITERS_FULL = (
     "open: the request is refused rather than answered without waiting, so that a polling "
     "client backs off instead of looping."
 )
+_TEXTS: Final = {
+    400: "The body is not JSON (`invalid_json`).",
+    401: "Missing or invalid API key (`unauthorized`; see WWW-Authenticate).",
+    403: "The body names another tenant than the key's (`tenant_mismatch`).",
+    404: "No such job for this key's tenant (`not_found`).",
+    408: "The request head did not arrive within COLDBREW_API_HEADER_TIMEOUT_SECONDS "
+    "(`header_timeout`), or its body within COLDBREW_API_BODY_TIMEOUT_SECONDS (`body_timeout`); "
+    "the connection is closed.",
+    409: "The job already finished (`already_finished`; `job` holds its status).",
+    413: "The body (or the message it becomes) is over COLDBREW_MAX_BODY_BYTES (`too_large`).",
+    415: "The body is not application/json (`unsupported_media_type`).",
+    422: "A field or parameter is missing, unknown or out of range; the message names it.",
+    503: _UNAVAILABLE,
+}
+
+
+_CAP = (
+    "A connection opened while this process holds COLDBREW_API_MAX_CONNECTIONS connections "
+    "is answered 503 `too_many_connections` (JSON error, Retry-After) on its first request."
+)
 
 
 def _errors(*codes: int, waits: bool = False) -> dict[str, Any]:
     """Error responses by status; ``waits``: the route may hold a waiter slot."""
-    texts = {
-        400: "The body is not JSON.",
-        401: "Missing or invalid API key (see WWW-Authenticate).",
-        403: "The body names another tenant than the key's.",
-        404: "No such job for this key's tenant.",
-        408: "The body did not arrive within COLDBREW_API_BODY_TIMEOUT_SECONDS of the head "
-        "(`body_timeout`); the connection is closed.",
-        409: "The job already finished.",
-        413: "The body is over COLDBREW_MAX_BODY_BYTES.",
-        415: "The body is not application/json.",
-        422: "A field is missing, unknown or out of range; the message names it.",
-        503: _UNAVAILABLE + (_WAITERS_FULL if waits else ""),
-    }
-    responses: dict[str, Any] = {
-        str(code): {"description": texts[code], "content": _ERROR} for code in codes
-    }
+    responses: dict[str, Any] = {}
+    for code in codes:
+        text = _TEXTS[code] + (_WAITERS_FULL if code == 503 and waits else "")
+        responses[str(code)] = {"description": text, "content": _ERROR}
     if 503 in codes:
         responses["503"]["headers"] = _RETRY_AFTER
     return responses
 
 
-_STATUS_SCHEMA: dict[str, Any] = {
+def _submit_schema() -> dict[str, Any]:
+    """``SubmitBody``'s own JSON schema: the patterns and bounds the server enforces."""
+    schema = SubmitBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema.pop("$defs", None)
+    args = schema["properties"]["args"]
+    args.update(
+        description="the job's keyword arguments (JSON; strings without NUL, at most "
+        "COLDBREW_MAX_BODY_BYTES as a message)",
+        propertyNames={"pattern": NO_NUL},
+    )
+    return schema
+
+
+_SSE_EVENT: Final = {
     "type": "object",
+    "description": "one server-sent event",
     "properties": {
-        "id": {"type": "string"},
-        "type": {"type": "string"},
-        "queue": {"type": "string"},
-        "tenant": {"type": "string"},
-        "status": {
-            "enum": ["queued", "running", "retrying", "succeeded", "failed", "dead", "cancelled"]
+        "event": {"enum": ["status", "error"]},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "status: the job's status JSON; error: `{kind, message}`",
         },
-        "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY},
-        "attempt": {"type": "integer"},
-        "max_attempts": {"type": "integer"},
-        "progress": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
-        "progress_message": {"type": ["string", "null"]},
-        "result": {},
-        "error": {
-            "type": ["object", "null"],
-            "properties": {"kind": {"type": "string"}, "message": {"type": "string"}},
-        },
-        "created_at": {"type": "string", "format": "date-time"},
-        "started_at": {"type": ["string", "null"], "format": "date-time"},
-        "finished_at": {"type": ["string", "null"], "format": "date-time"},
-        "run_at": {"type": "string", "format": "date-time"},
-        "cancel_requested": {"type": "boolean"},
+        "id": {"type": "string", "description": "the status's ETag (without quotes)"},
+        "retry": {"type": "integer", "description": "reconnection delay, ms (first event)"},
     },
 }
 
-_STATUS_SCHEMA["required"] = list(_STATUS_SCHEMA["properties"])  # every key, always present
 
-_SUBMIT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["type"],
-    "properties": {
-        "type": {"type": "string", "description": "a job type the workers register"},
-        "args": {"type": "object", "description": "the job's keyword arguments"},
-        "tenant": {"type": "string", "description": "defaults to the API key's tenant"},
-        "queue": {"type": "string", "description": "the lane; defaults to the job type's"},
-        "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY, "default": 0},
-        "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000},
-        "timeout_seconds": {
-            "type": "number",
-            "minimum": MIN_TIMEOUT_SECONDS,
-            "exclusiveMaximum": MAX_TIMEOUT_SECONDS,
-        },
-        # unique jobs (README "Unique jobs"): a duplicate answers 200 with the existing job
-        "unique_for": {
-            "oneOf": [
-                {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_PERIOD_SECONDS},
-                {
-                    "type": "string",
-                    "pattern": r"^\s*(infinity|inf|\d+(\.\d+)?|(\d+(\.\d+)?(ms|s|m|h|d|w))+)\s*$",
-                    "description": "a duration (90s, 1h, 7d; above 0, at most 10 years) "
-                    "or infinity",
-                },
-            ],
-            "description": "seconds during which the same key returns the existing job",
-        },
-        "unique_by": {
-            "type": "array",
-            "items": {"type": "string", "enum": list(UNIQUE_PARTS)},
-            "minItems": 1,
-            "description": "what the key covers besides the type (default: args, tenant)",
-        },
-        "unique_states": {
-            "type": "array",
-            "items": {"type": "string", "enum": list(KNOWN_STATES)},
-            "minItems": 1,
-            "description": "the existing job's statuses that make a duplicate",
-        },
-        "unique_keys": {
-            "type": "array",
-            "items": {"type": "string", "minLength": 1},
-            "minItems": 1,
-            "description": "the args' keys the key covers (default: all); needs args in unique_by",
-        },
-    },
-}
-
-_ERROR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["kind", "message"],
-            "properties": {"kind": {"type": "string"}, "message": {"type": "string"}},
-        }
-    },
-}
-
-_PROBE = {"application/json": {"schema": {"type": "object"}}}
-_HTML = {"text/html": {"schema": {"type": "string"}}}
-_TO_LOGIN = {"303": {"description": "No valid key or cookie: redirect to /dashboard/login."}}
-
-_LANE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "One lane (queue) of one tenant; depth = queued + retrying.",
-    "properties": {
-        "queue": {"type": "string"},
-        "tenant": {"type": "string"},
-        "queued": {"type": "integer"},
-        "running": {"type": "integer"},
-        "retrying": {"type": "integer"},
-        "dead": {"type": "integer"},
-        "failed": {"type": "integer"},
-        "oldest_waiting_seconds": {"type": "number"},
-        "finished": {"type": "integer", "description": "jobs finished so far (a counter)"},
-        "depth": {"type": "integer"},
-        "drain_rate_per_second": {
-            "type": ["number", "null"],
-            "description": "null until the dashboard has been loaded twice",
-        },
-        "estimated_wait_seconds": {
-            "type": ["number", "null"],
-            "description": "depth / drain rate; null when unknown or when nothing drains",
-        },
-    },
-}
-
-_DASHBOARD_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": [
-        "tenant",
-        "generated_at",
-        "lanes",
-        "tenants",
-        "dead_jobs",
-        "rejected",
-        "workers",
-    ],
-    "properties": {
-        "tenant": {
-            "type": ["string", "null"],
-            "description": "the key's tenant; null when auth is off (every tenant)",
-        },
-        "generated_at": {"type": "string", "format": "date-time"},
-        "lanes": {"type": "array", "items": _LANE_SCHEMA},
-        "tenants": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string"},
-                    "weight": {"type": "number"},
-                    "paused": {"type": "boolean"},
-                    "max_running": {"type": ["integer", "null"]},
-                },
-            },
-        },
-        "dead_jobs": {
-            "type": "array",
-            "description": "the newest dead jobs (at most 20)",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "string"},
-                    "type": {"type": "string"},
-                    "queue": {"type": "string"},
-                    "tenant": {"type": "string"},
-                    "reason": {"type": "string"},
-                    "error": {"type": "string", "description": "kind: message (truncated)"},
-                    "attempt": {"type": "integer"},
-                    "max_attempts": {"type": "integer"},
-                    "finished_at": {"type": ["string", "null"], "format": "date-time"},
-                },
-            },
-        },
-        "rejected": {
-            "type": "object",
-            "additionalProperties": {"type": "integer"},
-            "description": "rejected messages by reason (for a key: routed to its tenant)",
-        },
-        "workers": {
-            "type": "array",
-            "description": "the live workers (their liveness lock is held), oldest first; "
-            "jobs_in_flight only when auth is off (a key sees no other tenant's load)",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "string"},
-                    "host": {"type": "string"},
-                    "pid": {"type": "integer"},
-                    "version": {"type": "string"},
-                    "lanes": {"type": "array", "items": {"type": "string"}},
-                    "concurrency": {"type": "integer"},
-                    "jobs_in_flight": {"type": "integer"},
-                    "started_at": {"type": "string", "format": "date-time"},
-                    "heartbeat_at": {"type": "string", "format": "date-time"},
-                    "heartbeat_age_seconds": {"type": "number"},
-                    "alive": {"type": "boolean"},
-                },
-            },
-        },
-    },
-}
-
-_DASHBOARD_PATHS: dict[str, Any] = {
-    "/": {
-        "get": {
-            "summary": "Redirect to /dashboard",
-            "security": [],
-            "responses": {"303": {"description": "See /dashboard."}},
-        }
-    },
-    "/dashboard": {
-        "get": {
-            "summary": "The web dashboard (HTML): lanes, tenants, dead jobs, rejected messages, "
-            "workers",
-            "description": "Authenticated by the login cookie or a Bearer key; "
-            "shows only the key's tenant. Reloads itself every 5 s.",
-            "responses": {"200": {"description": "The page.", "content": _HTML}, **_TO_LOGIN},
-        }
-    },
-    "/dashboard.json": {
-        "get": {
-            "summary": "The dashboard's data as JSON",
-            "responses": {
-                "200": {
-                    "description": "Scoped to the key's tenant.",
-                    "content": {"application/json": {"schema": _ref("schemas/Dashboard")}},
-                },
-                **_errors(401, 503),
-            },
-        }
-    },
-    "/dashboard/login": {
-        "get": {
-            "summary": "The API-key form",
-            "security": [],
-            "responses": {"200": {"description": "The form.", "content": _HTML}},
-        },
-        "post": {
-            "summary": "Sign in: sets the HTTP-only dashboard cookie",
-            "security": [],
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/x-www-form-urlencoded": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["key"],
-                            "properties": {"key": {"type": "string"}},
-                        }
-                    }
-                },
-            },
-            "responses": {
-                "303": {"description": "Signed in (Set-Cookie); redirect to /dashboard."},
-                "401": {"description": "Wrong or missing key: the form again.", "content": _HTML},
-                "403": {"description": "Posted from another origin.", "content": _ERROR},
-                "413": {"description": "The form is too large.", "content": _ERROR},
-                "415": {"description": "Not a urlencoded form.", "content": _ERROR},
-            },
-        },
-    },
-    "/dashboard/logout": {
-        "post": {
-            "summary": "Sign out: clears the dashboard cookie",
-            "security": [],
-            "responses": {"303": {"description": "Redirect to the login form."}},
-        }
-    },
-    "/dashboard/jobs/{job_id}": {
-        "get": {
-            "summary": "One job's status JSON as a page (the dashboard's link target)",
-            "parameters": [_JOB_ID],
-            "responses": {
-                "200": {"description": "The page.", "content": _HTML},
-                **_TO_LOGIN,
-                **_errors(404, 503),
-            },
-        }
-    },
-}
-
-SPEC: Final[dict[str, Any]] = {
-    "openapi": "3.1.0",
-    "info": {
-        "title": "coldbrew",
-        "version": "1",
-        "description": "Submit long-running jobs and follow them. Authenticate with "
-        "`Authorization: Bearer <API key>`; a key sees only its tenant's jobs.\n\n"
-        "Limits, on every route: a request head not complete within "
-        "COLDBREW_API_HEADER_TIMEOUT_SECONDS of the connection's opening (or of a later "
-        "request's first byte) is answered 408 `header_timeout` and the connection closed "
-        "(closed without an answer if nothing was sent); a body not complete within "
-        "COLDBREW_API_BODY_TIMEOUT_SECONDS gets 408 `body_timeout`; an idle kept-alive "
-        "connection is closed after COLDBREW_API_KEEPALIVE_SECONDS. A connection opened while "
-        "the process holds COLDBREW_API_MAX_CONNECTIONS gets 503 `too_many_connections` with "
-        "Retry-After on its first request, then is closed. Errors are "
-        '`{"error": {"kind", "message"}}`.',
-    },
-    "security": [{"bearer": []}],
-    "paths": {
-        "/jobs": {
-            "post": {
-                "summary": "Submit a job",
-                "parameters": [
-                    {
-                        "name": "Idempotency-Key",
-                        "in": "header",
-                        "schema": {"type": "string", "maxLength": 256},
-                        "description": "the same key (per tenant) returns the same job",
-                    }
-                ],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("schemas/Submit")}},
-                },
-                "responses": {
-                    "202": {
-                        "description": "Accepted; Location names the job.",
-                        "headers": {"Location": {"schema": {"type": "string"}}},
-                        "content": _JOB,
-                    },
-                    "200": {
-                        "description": "A unique duplicate: the existing job holding the "
-                        "key; Location names it, nothing new was accepted.",
-                        "headers": {"Location": {"schema": {"type": "string"}}},
-                        "content": _JOB,
-                    },
-                    **_errors(400, 401, 403, 408, 413, 415, 422, 503),
-                    "409": {
-                        "description": "A job of another tenant holds this job's unique key "
-                        "(`unique_conflict`: its unique_by has no tenant); nothing submitted.",
-                        "content": _ERROR,
-                    },
-                },
-            }
-        },
+def _jobs_paths(max_wait_seconds: float) -> dict[str, Any]:
+    return {
+        "/jobs": {"post": _submit_operation()},
         "/jobs/{job_id}": {
-            "get": {
-                "summary": "A job's status JSON; long-polls with ?wait",
-                "parameters": [
-                    _JOB_ID,
-                    {
-                        "name": "wait",
-                        "in": "query",
-                        "schema": {"type": "number", "minimum": 0},
-                        "description": "seconds to wait for a change from If-None-Match's "
-                        "state (or from the current one); capped by COLDBREW_API_MAX_WAIT_SECONDS",
-                    },
-                    {"name": "If-None-Match", "in": "header", "schema": {"type": "string"}},
-                ],
-                "responses": {
-                    "200": {"description": "The job's status, with its ETag.", "content": _JOB},
-                    "304": {"description": "Unchanged from If-None-Match."},
-                    **_errors(401, 404, 422, 503, waits=True),
-                },
-            },
-            "delete": {
-                "summary": "Cancel a job",
-                "parameters": [
-                    _JOB_ID,
-                    {"name": "reason", "in": "query", "schema": {"type": "string"}},
-                ],
-                "responses": {
-                    "200": {"description": "Cancelled.", "content": _JOB},
-                    "202": {"description": "Running; its worker stops it.", "content": _JOB},
-                    **_errors(401, 404, 409, 503),
-                },
-            },
+            "get": _get_operation(max_wait_seconds),
+            "delete": _cancel_operation(),
         },
         "/jobs/{job_id}/events": {
             "get": {
@@ -434,13 +141,105 @@ SPEC: Final[dict[str, Any]] = {
                 ],
                 "responses": {
                     "200": {
-                        "description": "`event: status` with the status JSON as data",
-                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                        "description": "`event: status` with the status JSON as data; "
+                        "`event: error` if the job store became unreachable (then the stream "
+                        "ends: reconnect with Last-Event-ID)",
+                        "content": {"text/event-stream": {"schema": _SSE_EVENT}},
                     },
-                    **_errors(401, 404, 503, waits=True),
+                    **_errors(401, 404, 422, 503, waits=True),
                 },
             }
         },
+    }
+
+
+def _submit_operation() -> dict[str, Any]:
+    return {
+        "summary": "Submit a job",
+        "parameters": [
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "schema": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": MAX_IDEMPOTENCY_KEY,
+                    "pattern": NO_NUL,
+                },
+                "description": "the same key (per tenant) returns the same job",
+            }
+        ],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _ref("Submit")}},
+        },
+        "responses": {
+            "202": {
+                "description": "Accepted; Location names the job.",
+                "headers": {"Location": {"schema": {"type": "string"}}},
+                "content": _JOB,
+            },
+            "200": {
+                "description": "A unique duplicate: the existing job holding the key; "
+                "Location names it, nothing new was accepted.",
+                "headers": {"Location": {"schema": {"type": "string"}}},
+                "content": _JOB,
+            },
+            **_errors(400, 401, 403, 408, 413, 415, 422, 503),
+            "409": {
+                "description": "A job of another tenant holds this job's unique key "
+                "(`unique_conflict`: its unique_by has no tenant); nothing submitted.",
+                "content": _ERROR,
+            },
+        },
+    }
+
+
+def _get_operation(max_wait_seconds: float) -> dict[str, Any]:
+    return {
+        "summary": "A job's status JSON; long-polls with ?wait",
+        "parameters": [
+            _JOB_ID,
+            {
+                "name": "wait",
+                "in": "query",
+                "schema": {"type": "number", "minimum": 0, "maximum": max_wait_seconds},
+                "description": "seconds to wait for a change from If-None-Match's state (or "
+                "from the current one); at most COLDBREW_API_MAX_WAIT_SECONDS "
+                f"({max_wait_seconds:g} here)",
+            },
+            {"name": "If-None-Match", "in": "header", "schema": {"type": "string"}},
+        ],
+        "responses": {
+            "200": {"description": "The job's status, with its ETag.", "content": _JOB},
+            "304": {"description": "Unchanged from If-None-Match."},
+            **_errors(401, 404, 422, 503, waits=True),
+        },
+    }
+
+
+def _cancel_operation() -> dict[str, Any]:
+    return {
+        "summary": "Cancel a job",
+        "parameters": [
+            _JOB_ID,
+            {
+                "name": "reason",
+                "in": "query",
+                "schema": {"type": "string", "maxLength": MAX_REASON, "pattern": NO_NUL},
+            },
+        ],
+        "responses": {
+            "200": {"description": "Cancelled.", "content": _JOB},
+            "202": {"description": "Running; its worker stops it.", "content": _JOB},
+            **_errors(401, 404, 409, 422, 503),
+        },
+    }
+
+
+def _service_paths() -> dict[str, Any]:
+    """Probes, metrics and this document: no key needed."""
+    return {
         "/healthz": {
             "get": {
                 "summary": "Liveness",
@@ -454,7 +253,25 @@ SPEC: Final[dict[str, Any]] = {
                 "security": [],
                 "responses": {
                     "200": {"description": "ready", "content": _PROBE},
-                    "503": {"description": "not ready", "content": _PROBE},
+                    "503": {
+                        "description": "Not ready: PostgreSQL is unreachable.",
+                        "content": _PROBE,
+                    },
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics of this API process",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "Text exposition 0.0.4, or OpenMetrics when Accept asks.",
+                        "content": {
+                            "text/plain": {"schema": {"type": "string"}},
+                            "application/openmetrics-text": {"schema": {"type": "string"}},
+                        },
+                    }
                 },
             }
         },
@@ -465,15 +282,176 @@ SPEC: Final[dict[str, Any]] = {
                 "responses": {"200": {"description": "OpenAPI 3.1", "content": _PROBE}},
             }
         },
-        **_DASHBOARD_PATHS,
-    },
-    "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "schemas": {
-            "JobStatus": _STATUS_SCHEMA,
-            "Submit": _SUBMIT_SCHEMA,
-            "Error": _ERROR_SCHEMA,
-            "Dashboard": _DASHBOARD_SCHEMA,
+    }
+
+
+_TO_LOGIN = {"303": {"description": "No valid key or cookie: redirect to /dashboard/login."}}
+_BROWSER = [BEARER, COOKIE]
+
+
+def _dashboard_paths() -> dict[str, Any]:
+    return {
+        "/": {
+            "get": {
+                "summary": "Redirect to /dashboard",
+                "security": [],
+                "responses": {"303": {"description": "See /dashboard."}},
+            }
         },
-    },
-}
+        "/dashboard": {
+            "get": {
+                "summary": "The web dashboard (HTML): lanes, tenants, dead jobs, rejected "
+                "messages, workers",
+                "description": "Authenticated by the login cookie or a Bearer key; "
+                "shows only the key's tenant. Reloads itself every 5 s.",
+                "security": _BROWSER,
+                "responses": {
+                    "200": {"description": "The page.", "content": _HTML},
+                    **_TO_LOGIN,
+                    **_errors(503),
+                },
+            }
+        },
+        "/dashboard.json": {
+            "get": {
+                "summary": "The dashboard's data as JSON",
+                "security": _BROWSER,
+                "responses": {
+                    "200": {
+                        "description": "Scoped to the key's tenant.",
+                        "content": {"application/json": {"schema": _ref("Dashboard")}},
+                    },
+                    **_errors(401, 503),
+                },
+            }
+        },
+        "/dashboard/login": {"get": _login_form_operation(), "post": _login_operation()},
+        "/dashboard/logout": {
+            "post": {
+                "summary": "Sign out: clears the dashboard cookie",
+                "security": [],
+                "responses": {
+                    "303": {"description": "Redirect to the login form."},
+                    "403": {"description": "Posted from another origin.", "content": _ERROR},
+                },
+            }
+        },
+        "/dashboard/jobs/{job_id}": {
+            "get": {
+                "summary": "One job's status JSON as a page (the dashboard's link target)",
+                "security": _BROWSER,
+                "parameters": [_JOB_ID],
+                "responses": {
+                    "200": {"description": "The page.", "content": _HTML},
+                    **_TO_LOGIN,
+                    **_errors(404, 422, 503),
+                },
+            }
+        },
+    }
+
+
+def _login_form_operation() -> dict[str, Any]:
+    return {
+        "summary": "The API-key form",
+        "security": [],
+        "responses": {
+            "200": {"description": "The form.", "content": _HTML},
+            "303": {"description": "Auth is off (COLDBREW_API_INSECURE_NO_AUTH): the dashboard."},
+        },
+    }
+
+
+def _login_operation() -> dict[str, Any]:
+    form = {
+        "type": "object",
+        "required": ["key"],
+        "properties": {"key": {"type": "string"}},
+        "additionalProperties": False,
+    }
+    return {
+        "summary": "Sign in: sets the HTTP-only dashboard cookie",
+        "security": [],
+        "requestBody": {
+            "required": True,
+            "content": {"application/x-www-form-urlencoded": {"schema": form}},
+        },
+        "responses": {
+            "303": {"description": "Signed in (Set-Cookie); redirect to /dashboard."},
+            "400": {
+                "description": f"A field other than `key`, or more than {LOGIN_MAX_FIELDS} "
+                "(`invalid_form`).",
+                "content": _ERROR,
+            },
+            "401": {"description": "Wrong or missing key: the form again.", "content": _HTML},
+            "403": {"description": "Posted from another origin.", "content": _ERROR},
+            "413": {
+                "description": f"The form is over {LOGIN_BODY_LIMIT} bytes.",
+                "content": _ERROR,
+            },
+            "415": {"description": "Not a urlencoded form.", "content": _ERROR},
+        },
+    }
+
+
+def _with_protocol_answers(paths: dict[str, Any]) -> dict[str, Any]:
+    """Add to every operation what ``api.protocol`` may answer before any route runs."""
+    for operations in paths.values():
+        for operation in operations.values():
+            responses = operation["responses"]
+            responses.setdefault("408", {"description": _TEXTS[408], "content": _ERROR})
+            unavailable = responses.setdefault("503", {"description": "", "content": _ERROR})
+            if "headers" not in unavailable:  # not yet the connection cap's: say it
+                unavailable["description"] = (unavailable["description"] + " " + _CAP).strip()
+                unavailable["headers"] = _RETRY_AFTER
+    return paths
+
+
+_DESCRIPTION = (
+    "Submit long-running jobs and follow them. Authenticate with "
+    "`Authorization: Bearer <API key>` (the dashboard also takes its login cookie); "
+    "a key sees only its tenant's jobs.\n\n"
+    "Limits, on every route: a request head not complete within "
+    "COLDBREW_API_HEADER_TIMEOUT_SECONDS of the connection's opening (or of a later "
+    "request's first byte) is answered 408 `header_timeout` and the connection closed "
+    "(closed without an answer if nothing was sent); a body not complete within "
+    "COLDBREW_API_BODY_TIMEOUT_SECONDS gets 408 `body_timeout`; an idle kept-alive "
+    "connection is closed after COLDBREW_API_KEEPALIVE_SECONDS. A connection opened while "
+    "the process holds COLDBREW_API_MAX_CONNECTIONS gets 503 `too_many_connections` with "
+    "Retry-After on its first request, then is closed. A method a path does not serve is "
+    "405 `method_not_allowed` with `Allow`; a path no route has is 404 `not_found`. Errors "
+    'are `{"error": {"kind", "message"}}`.'
+)
+
+
+def build_spec(*, max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS) -> dict[str, Any]:
+    """The document for a process whose long polls wait at most ``max_wait_seconds``."""
+    paths = {**_jobs_paths(max_wait_seconds), **_service_paths(), **_dashboard_paths()}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "coldbrew", "version": "1", "description": _DESCRIPTION},
+        "security": [BEARER],
+        "paths": _with_protocol_answers(paths),
+        "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "dashboardCookie": {
+                    "type": "apiKey",
+                    "in": "cookie",
+                    "name": DASHBOARD_COOKIE,
+                    "description": "set by POST /dashboard/login (HTTP-only, path /dashboard); "
+                    "accepted by the dashboard's routes only",
+                },
+            },
+            "schemas": {
+                "JobStatus": STATUS_SCHEMA,
+                "Submit": _submit_schema(),
+                "Error": ERROR_SCHEMA,
+                "Dashboard": DASHBOARD_SCHEMA,
+            },
+        },
+    }
+
+
+SPEC: Final[dict[str, Any]] = build_spec()
+"""The document with the default settings (what a process without overrides serves)."""

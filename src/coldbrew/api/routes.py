@@ -20,6 +20,7 @@ from coldbrew import storable
 from coldbrew.api.auth import Principal
 from coldbrew.api.errors import ApiError
 from coldbrew.api.etag import if_none_match
+from coldbrew.api.instrument import metrics_response
 from coldbrew.api.limits import WaiterSlot
 from coldbrew.api.schemas import parse_submit
 from coldbrew.api.watch import Snapshot, follow, wait_for_change
@@ -137,7 +138,8 @@ async def get_job(request: Request) -> Response:
     client_has = request.headers.get("if-none-match")
     waits = client_has is None or if_none_match(client_has, snapshot.etag)
     if wait > 0 and waits and not snapshot.terminal:  # a terminal job answers at once
-        with state.waiters.take():  # 503 when COLDBREW_API_MAX_WAITERS are already waiting
+        # 503 when COLDBREW_API_MAX_WAITERS are already waiting
+        with state.waiters.take("long_poll"):
             snapshot = await wait_for_change(
                 partial(_owned_job, request, principal),
                 snapshot,
@@ -168,7 +170,7 @@ async def job_events(request: Request) -> Response:
     state = _state(request)
     principal = state.keys.authenticate(request)
     await _owned_job(request, principal)  # 404 before the stream starts, not inside it
-    slot = state.waiters.take()  # 503 (before the stream starts) when all are taken
+    slot = state.waiters.take("event_stream")  # 503 (before the stream starts) if all taken
     last = request.headers.get("last-event-id")
     fetch = partial(_owned_job, request, principal)
 
@@ -226,7 +228,7 @@ async def cancel_job(request: Request) -> Response:
     principal = state.keys.authenticate(request)
     record = await _owned_job(request, principal)
     reason = request.query_params.get("reason") or "cancelled over the HTTP API"
-    record = await state.client.cancel(record.id, reason[:500])
+    record = await state.client.cancel(record.id, reason)  # over MAX_REASON: 422
     snapshot = Snapshot.of(record)
     if record.status is Status.CANCELLED:
         return JSONResponse(snapshot.status, headers={"ETag": snapshot.etag})
@@ -261,6 +263,10 @@ async def readyz(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    from coldbrew.api.openapi import SPEC
+    """The OpenAPI document, built at start-up from the validators the routes use."""
+    return JSONResponse(_state(request).spec)
 
-    return JSONResponse(SPEC)
+
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics of this API process; unauthenticated, like the worker's."""
+    return metrics_response(request, _state(request).metrics)

@@ -8,9 +8,9 @@ refuse, ``Client.submit`` refuses with the worker's code (``check_submission``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from coldbrew.api.errors import ApiError
 from coldbrew.app import JOB_TYPE_RE
@@ -21,29 +21,79 @@ from coldbrew.model import (
     MIN_TIMEOUT_SECONDS,
     NAME_RE,
 )
+from coldbrew.unique import MAX_PERIOD_SECONDS
+
+UniquePart = Literal["args", "tenant", "queue"]
+UniqueState = Literal["queued", "running", "retrying", "succeeded", "failed", "dead", "cancelled"]
+
+
+def _given(field: str) -> dict[str, Any]:
+    """JSON Schema for "the body has ``field`` and it is not null"."""
+    return {"required": [field], "properties": {field: {"not": {"type": "null"}}}}
+
+
+_UNIQUE_RULES: dict[str, Any] = {
+    # the rules unique.py applies across fields, so that the document says them too:
+    # unique_by, unique_states and unique_keys need unique_for; unique_keys narrows the
+    # args, so a unique_by that is given must include them
+    "allOf": [
+        *(
+            {"if": _given(field), "then": _given("unique_for")}
+            for field in ("unique_by", "unique_states", "unique_keys")
+        ),
+        {
+            "if": {"allOf": [_given("unique_keys"), _given("unique_by")]},
+            "then": {"properties": {"unique_by": {"contains": {"const": "args"}}}},
+        },
+    ]
+}
+UNIQUE_FOR_TEXT = r"^(infinity|[1-9][0-9]{0,2}(s|m|h|d))$"
+"""``unique_for`` as text over HTTP: ``infinity`` or one unit (``90s``, ``15m``, ``2h``,
+``30d``); anything longer is a number of seconds."""
+
+
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's integer: 7 and 7.0 alike (one number), never "7" or true."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JSON_INTEGER = BeforeValidator(_json_integer)
+"""On an integer field: strict (no strings, no booleans), but 7.0 is 7, as in JSON Schema."""
 
 
 class SubmitBody(BaseModel):
     """A job submission; the job id comes from the ``Idempotency-Key`` header or is new."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, json_schema_extra=_UNIQUE_RULES
+    )
 
     type: Annotated[str, Field(pattern=JOB_TYPE_RE.pattern)]
     args: dict[str, Any] = Field(default_factory=dict)
     tenant: Annotated[str | None, Field(pattern=NAME_RE.pattern)] = None
     queue: Annotated[str | None, Field(pattern=NAME_RE.pattern)] = None
-    priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] = 0
-    max_attempts: Annotated[int | None, Field(ge=1, le=MAX_ATTEMPTS)] = None
+    priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY), JSON_INTEGER] = 0
+    max_attempts: Annotated[int | None, Field(ge=1, le=MAX_ATTEMPTS), JSON_INTEGER] = None
     # the worker's bounds (model.py); what else a worker refuses (a NUL in args, NaN,
     # a body over its limit) Client.submit refuses with the worker's own checks
     timeout_seconds: Annotated[
         float | None, Field(ge=MIN_TIMEOUT_SECONDS, lt=MAX_TIMEOUT_SECONDS)
     ] = None
-    # unique jobs: the values are checked by Client.submit (unique.py), 422 invalid_unique
-    unique_for: float | str | None = None
-    unique_by: list[str] | None = None
-    unique_states: list[str] | None = None
-    unique_keys: list[str] | None = None
+    # unique jobs (README "Unique jobs"): over HTTP the window is seconds, "infinity" or
+    # one unit ("15m"; UNIQUE_FOR_TEXT); the rules across fields are Client.submit's
+    # (unique.py, 422 invalid_unique) and the schema's (_UNIQUE_RULES)
+    unique_for: (
+        Annotated[float, Field(gt=0, le=MAX_PERIOD_SECONDS)]
+        | Annotated[str, Field(pattern=UNIQUE_FOR_TEXT)]
+        | None
+    ) = None
+    unique_by: Annotated[list[UniquePart], Field(min_length=1)] | None = None
+    unique_states: Annotated[list[UniqueState], Field(min_length=1)] | None = None
+    unique_keys: (
+        Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None
+    ) = None
 
 
 def parse_submit(body: bytes) -> SubmitBody:

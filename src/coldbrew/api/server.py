@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 import uvicorn
+from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp
 
 from coldbrew.api.app import ApiConfig, create_app, stop_waiting
@@ -28,6 +29,7 @@ from coldbrew.api.webhooks import WebhookDispatcher
 from coldbrew.app import App
 from coldbrew.client import Client
 from coldbrew.errors import ColdbrewError, ConfigurationError
+from coldbrew.metrics import ApiMetrics
 from coldbrew.model import JobRecord
 from coldbrew.settings import Settings
 from coldbrew.signals import on_stop_signals
@@ -92,7 +94,7 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def webhooks(settings: Settings) -> WebhookDispatcher | None:
+def webhooks(settings: Settings, metrics: ApiMetrics | None = None) -> WebhookDispatcher | None:
     if not settings.webhook_url:
         return None
     return WebhookDispatcher(
@@ -100,20 +102,23 @@ def webhooks(settings: Settings) -> WebhookDispatcher | None:
         settings.webhook_secret,
         max_attempts=settings.webhook_max_attempts,
         timeout=settings.webhook_timeout_seconds,
+        count=None if metrics is None else metrics.webhook,
     )
 
 
 async def serve(settings: Settings, *, app: App | None = None) -> None:
     """Run the API (and webhook delivery, if configured) until SIGTERM/SIGINT."""
-    dispatcher = webhooks(settings)
+    metrics = ApiMetrics(CollectorRegistry())  # one per process: the routes' and the webhooks'
+    dispatcher = webhooks(settings, metrics)
     if dispatcher is None:
-        await run_server(settings, app=app)
+        await run_server(settings, app=app, metrics=metrics)
     else:
         await run_server(
             settings,
             app=app,
             on_submitted=dispatcher.track,
             background={"webhooks": dispatcher.run},
+            metrics=metrics,
         )
 
 
@@ -123,6 +128,7 @@ async def run_server(
     app: App | None = None,
     on_submitted: Callable[[JobRecord], None] | None = None,
     background: dict[str, Background] | None = None,
+    metrics: ApiMetrics | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT; a crashed background task stops it (exit 1)."""
     keys = key_ring(settings)
@@ -130,7 +136,7 @@ async def run_server(
     async with Client.connect(settings, app=app) as client:
         await client.store.check_schema()
         config = ApiConfig.from_settings(settings)
-        asgi = create_app(client, keys, config, on_submitted=on_submitted)
+        asgi = create_app(client, keys, config, on_submitted=on_submitted, metrics=metrics)
         server = http_server(asgi, ConnectionLimits.from_settings(settings))
         crashed: list[str] = []
 

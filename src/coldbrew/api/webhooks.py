@@ -76,6 +76,7 @@ class WebhookDispatcher:
         http: httpx.AsyncClient | None = None,
         rand: Callable[[], float] = random.random,
         clock: Callable[[], float] = time.time,
+        count: Callable[[str], None] | None = None,
     ) -> None:
         self.url, self._secret = url, secret
         self.max_attempts, self.timeout = max_attempts, timeout
@@ -84,6 +85,8 @@ class WebhookDispatcher:
         self._slots = asyncio.Semaphore(concurrency)
         self._http = http
         self._rand, self._clock = rand, clock
+        # each outcome (metrics.WEBHOOK_OUTCOMES) as it happens: coldbrew_api_webhooks_total
+        self._count: Callable[[str], None] = count or (lambda _outcome: None)
         self._pending: OrderedDict[str, None] = OrderedDict()
 
     def track(self, record: JobRecord) -> None:
@@ -93,6 +96,7 @@ class WebhookDispatcher:
         self._pending[record.id] = None
         if len(self._pending) > self.max_tracked:
             dropped, _ = self._pending.popitem(last=False)
+            self._count("untracked")
             log.warning("webhook_untracked", job_id=dropped, reason="max_tracked reached")
 
     @property
@@ -130,12 +134,15 @@ class WebhookDispatcher:
             for attempt in range(1, self.max_attempts + 1):
                 outcome = await self._post(http, record.id, body, attempt)
                 if outcome is not None:
+                    self._count("delivered" if outcome else "refused")
                     return outcome
                 if attempt < self.max_attempts:
+                    self._count("retried")
                     delay = backoff_delay(
                         attempt, base=self.retry_base, cap=self.retry_cap, rand=self._rand
                     )
                     await asyncio.sleep(delay)
+        self._count("gave_up")
         log.error("webhook_gave_up", job_id=record.id, attempts=self.max_attempts)
         return False
 

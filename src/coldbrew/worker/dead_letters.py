@@ -125,7 +125,7 @@ class DeadLetters:
 
     async def _settle(self, batch: list[Reject]) -> None:
         for message, violation in batch:
-            self.metrics.dead_letters.labels(violation.reason).inc()
+            self.metrics.rejected(violation.reason)
             log.warning(
                 "message_rejected",
                 reason=violation.reason,

@@ -37,7 +37,6 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from importlib import metadata
 from typing import Any, ClassVar
 
 import asyncpg
@@ -50,7 +49,7 @@ from coldbrew.errors import (
     TransientDatabaseError,
 )
 from coldbrew.jobstate import InFlight
-from coldbrew.metrics import Metrics
+from coldbrew.metrics import Metrics, coldbrew_version
 from coldbrew.settings import Settings
 from coldbrew.store import JobStore, WorkerInfo
 from coldbrew.worker.service import Backoff, sleep_unless
@@ -58,14 +57,6 @@ from coldbrew.worker.service import Backoff, sleep_unless
 log = structlog.get_logger("coldbrew.liveness")
 
 LOCK_RETRY_SECONDS = 1.0
-
-
-def coldbrew_version() -> str:
-    """The installed coldbrew's version, for the ``workers`` row."""
-    try:
-        return metadata.version("coldbrew")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 class Liveness:

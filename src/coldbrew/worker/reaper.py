@@ -120,7 +120,7 @@ class Reaper:
             if status == "retrying":
                 self.metrics.redeliveries.labels(cause).inc()
             elif status == "dead":
-                self.metrics.dead_letters.labels("max_attempts").inc()
+                self.metrics.job_dead("max_attempts")
                 body = json.dumps({"type": row["type"], "args": row["args"]}).encode()
                 try:
                     await self.broker.publish_dead(

@@ -146,7 +146,7 @@ class OutcomeWriter:
 
     async def publish_dead(self, delivery: Delivery, reason: str, detail: str) -> None:
         """A copy of a dead job on ``<ns>.dead`` for RabbitMQ-native tools (best effort)."""
-        self.metrics.dead_letters.labels(reason).inc()
+        self.metrics.job_dead(reason)
         message = delivery.message
         try:
             await self.broker.publish_dead(
