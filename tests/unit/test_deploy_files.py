@@ -123,3 +123,16 @@ def test_mounted_files_exist(compose: dict[str, Any]) -> None:
             source = str(volume).split(":")[0]
             if source.startswith("."):
                 assert (COMPOSE.parent / source).is_file(), volume
+
+
+def test_the_local_python_base_stands_in_for_the_dockerfiles(script: str) -> None:
+    """The Dockerfile keeps the official base; the script makes that very name locally."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    froms = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("FROM ")]
+    assert froms == ["python:3.11-slim"]
+    assert "PYTHON_BASE=docker.io/library/python:3.11-slim\n" in script
+    assert 'local_image "$PYTHON_BASE" deploy/local/python.Containerfile' in script
+    for recipe in ("python", "rabbitmq", "postgres"):
+        text = (DEPLOY / "local" / f"{recipe}.Containerfile").read_text(encoding="utf-8")
+        assert "FROM localhost/coldbrew-debian:bookworm\n" in text, recipe
+    assert "DEBIAN_BASE=localhost/coldbrew-debian:bookworm\n" in script
