@@ -13,11 +13,13 @@ PY := $(VENV)/bin/python
 TESTS := tests
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+# make image-test IMAGE_TEST_ARGS=--single  (or --compose)
+IMAGE_TEST_ARGS ?=
 # Install the bench extra too when pyproject.toml declares one.
 BENCH_EXTRAS := $(shell awk '/^\[project\.optional-dependencies\]/ {s = 1; next} /^\[/ {s = 0} \
 	s && /^[[:space:]]*bench[[:space:]]*=/ {f = 1} END {print (f ? "test,bench" : "test")}' pyproject.toml)
 
-.PHONY: help bootstrap services demo test lint bench clean
+.PHONY: help bootstrap services demo test lint bench image-test clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -59,6 +61,9 @@ bench: ## run the benchmarks (bench/run_all.py, else bench/throughput.py; BENCH_
 	else echo "make bench: neither bench/run_all.py nor bench/throughput.py exists" >&2; exit 2; fi; \
 	echo "$(PY) $$script $(BENCH_ARGS)"; \
 	$(PY) "$$script" $(BENCH_ARGS)
+
+image-test: services ## build deploy/Dockerfile and run it in containers, then deploy/compose.yaml (podman; IMAGE_TEST_ARGS)
+	scripts/image-test $(IMAGE_TEST_ARGS)
 
 clean: ## remove caches and build output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist .coverage htmlcov src/*.egg-info
