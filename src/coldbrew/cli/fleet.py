@@ -33,6 +33,7 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     tenants_set.add_argument(
         "--max-running", metavar="N|none", help="fleet-wide cap on running jobs (none: no cap)"
     )
+    _add_rate_options(tenants_set)
     for verb, text in (("pause", "hold this tenant's jobs"), ("resume", "run them again")):
         tenants_sub.add_parser(verb, help=text).add_argument("name")
 
@@ -43,9 +44,66 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     )
     types_set = types_sub.add_parser("set", help="cap a job type's running jobs fleet-wide")
     types_set.add_argument("name", metavar="TYPE")
-    types_set.add_argument(
-        "--max-running", metavar="N|none", required=True, help="the cap (none: no cap)"
+    types_set.add_argument("--max-running", metavar="N|none", help="the cap (none: no cap)")
+    _add_rate_options(types_set)
+
+
+def _add_rate_options(parser: Parser) -> None:
+    parser.add_argument(
+        "--rate",
+        metavar="N/s|N/min|N/h|none",
+        help="fleet-wide rate limit on starts, e.g. 10/s or 600/min (none: no limit)",
     )
+    parser.add_argument(
+        "--burst",
+        metavar="N",
+        help="starts allowed at once beyond the steady rate (default: a tenth of a second's "
+        "worth of the rate, at least 1)",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RateChange:
+    """``--rate``/``--burst`` as given: what to store (``clear``: remove the limit)."""
+
+    per_second: float | None
+    burst: int | None
+    clear: bool
+
+
+def parse_rate_options(rate_text: str | None, burst_text: str | None) -> RateChange | None:
+    """``--rate`` and ``--burst`` checked (ConfigurationError: exit 2); None: neither given."""
+    from coldbrew.ratelimit import MAX_BURST, parse_rate
+
+    if rate_text is None and burst_text is None:
+        return None
+    burst = None
+    if burst_text is not None:
+        try:
+            burst = int(burst_text)
+        except ValueError:
+            raise ConfigurationError(
+                f"--burst must be a whole number, not {burst_text!r}"
+            ) from None
+        if not 1 <= burst <= MAX_BURST:
+            raise ConfigurationError(f"--burst must be in 1..{MAX_BURST}, not {burst}")
+    if rate_text is not None and rate_text.strip().lower() in ("none", "unlimited"):
+        if burst is not None:
+            raise ConfigurationError("--burst makes no sense with --rate none")
+        return RateChange(None, None, clear=True)
+    per_second = None
+    if rate_text is not None:
+        per_second = parse_rate(rate_text, burst or 1, what="--rate").per_second
+    return RateChange(per_second, burst, clear=False)
+
+
+def _describe_rate(per_second: float | None, burst: int | None) -> str:
+    from coldbrew.ratelimit import default_burst, format_rate
+
+    if per_second is None:
+        return "no rate limit"
+    shown = burst if burst is not None else default_burst(per_second)
+    return f"rate {format_rate(per_second)} burst {shown}"
 
 
 async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
@@ -62,29 +120,39 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigurationError(f"--weight must be in (0, 1000], not {weight:g}")
     cap_text = getattr(args, "max_running", None)
     cap = parse_cap(cap_text) if cap_text is not None else None
+    rate = parse_rate_options(getattr(args, "rate", None), getattr(args, "burst", None))
+    channel = Topology(settings.namespace).tenant_channel
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
         if command == "list":
             rows = await store.tenants.list_tenants()
         else:
             paused = {"pause": True, "resume": False}.get(command)
-            rows = [
-                await store.tenants.set_tenant(
+            row = await store.tenants.set_tenant(
+                name,
+                weight=weight,
+                paused=paused,
+                max_running=cap,
+                uncap=cap_text is not None and cap is None,
+                channel=channel,
+            )
+            if rate is not None:
+                row = await store.tenants.set_tenant_rate(
                     name,
-                    weight=weight,
-                    paused=paused,
-                    max_running=cap,
-                    uncap=cap_text is not None and cap is None,
-                    channel=Topology(settings.namespace).tenant_channel,
+                    per_second=rate.per_second,
+                    burst=rate.burst,
+                    clear=rate.clear,
+                    channel=channel,
                 )
-            ]
+            rows = [row]
     if getattr(args, "json", False):
         print_json([dataclasses.asdict(row) for row in rows])
         return EXIT_OK
     for row in rows:
         state = "paused" if row.paused else "active"
         limit = "no cap" if row.max_running is None else f"max running {row.max_running}"
-        print(f"{row.name:<24} weight {row.weight:<6g} {limit:<18} {state}")
+        rated = _describe_rate(row.rate_per_second, row.rate_burst)
+        print(f"{row.name:<24} weight {row.weight:<6g} {limit:<18} {rated:<26} {state}")
     if not rows:
         print("(no tenants yet: one is recorded when its first job arrives)")
     return EXIT_OK
@@ -97,27 +165,41 @@ async def cmd_types(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.types_command == "set" and not JOB_TYPE_RE.match(args.name):
         raise ConfigurationError(f"job type {args.name!r} must match {JOB_TYPE_RE.pattern}")
-    cap = parse_cap(args.max_running) if args.types_command == "set" else None
+    setting = args.types_command == "set"
+    cap_text = args.max_running if setting else None
+    cap = parse_cap(cap_text) if cap_text is not None else None
+    rate = parse_rate_options(args.rate, args.burst) if setting else None
+    if setting and cap_text is None and rate is None:
+        raise ConfigurationError("types set needs --max-running, --rate or --burst")
+    channel = Topology(settings.namespace).tenant_channel
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
-        if args.types_command == "list":
+        if not setting:
             rows = await store.tenants.list_job_types()
         else:
-            rows = [
-                await store.tenants.set_job_type(
-                    args.name,
-                    max_running=cap,
-                    channel=Topology(settings.namespace).tenant_channel,
-                )
-            ]
+            rows = []
+            if cap_text is not None:
+                rows = [
+                    await store.tenants.set_job_type(args.name, max_running=cap, channel=channel)
+                ]
+            if rate is not None:
+                rows = [
+                    await store.tenants.set_job_type_rate(
+                        args.name,
+                        per_second=rate.per_second,
+                        burst=rate.burst,
+                        clear=rate.clear,
+                        channel=channel,
+                    )
+                ]
     if getattr(args, "json", False):
         print_json([dataclasses.asdict(row) for row in rows])
         return EXIT_OK
     for row in rows:
         limit = "no cap" if row.max_running is None else f"max running {row.max_running}"
-        print(f"{row.name:<32} {limit}")
+        print(f"{row.name:<32} {limit:<18} {_describe_rate(row.rate_per_second, row.rate_burst)}")
     if not rows:
-        print("(no job type has a cap)")
+        print("(no job type has a cap or a rate limit)")
     return EXIT_OK
 
 

@@ -1,0 +1,36 @@
+"""``RateTokens``: the SQL of rate limits' GCRA buckets, on a claim's own connection.
+
+A rate-limited claim is one short transaction (``CapStore.claim_session``):
+lock the job's buckets and read their backlogs (``lock_rate_buckets``, one
+statement that also creates missing buckets), claim (``claim_batch``), and,
+when the job was claimed, store the buckets' new arrival times
+(``take_rate_tokens``). The row locks serialize the fleet's claims of one
+bucket, so two workers cannot take the same token. What the backlogs mean is
+decided in ``coldbrew.ratelimit`` (pure) and ``coldbrew.rates.claim``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+
+from coldbrew.sql import QUERIES
+
+__all__ = ["RateTokens"]
+
+
+class RateTokens:
+    """The token statements of one claim, on its connection and inside its transaction."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    async def lock_buckets(self, keys: Sequence[str]) -> dict[str, float]:
+        """Lock the buckets ``keys`` (sorted by the caller) and read their backlogs (s)."""
+        rows = await self._conn.fetch(QUERIES["lock_rate_buckets"].text, list(keys))
+        return {row["key"]: float(row["backlog"]) for row in rows}
+
+    async def take(self, keys: Sequence[str], backlogs: Sequence[float]) -> None:
+        """Store the buckets' new backlogs (seconds from now): the tokens are taken."""
+        await self._conn.execute(QUERIES["take_rate_tokens"].text, list(keys), list(backlogs))
