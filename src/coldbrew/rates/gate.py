@@ -92,7 +92,7 @@ class RateGate:
         # job id -> the delivery whose limited claim is in flight, and its buckets
         self._claiming: dict[str, tuple[Pending[Delivery], tuple[Bucket, ...]]] = {}
         self._held_ready: set[str] = set()  # buckets whose held deliveries may go now
-        self._parked: set[int] = set()  # id() of deliveries waiting for a token (the gauge)
+        metrics.rate_waiting.set_function(self.waiting)
 
     # --- settings ------------------------------------------------------------------
 
@@ -169,7 +169,6 @@ class RateGate:
             if bucket.kind != "tenant" and state is not None and state.blocked:
                 self._hold(state, pending)
                 return False
-        self._unpark(pending)
         for bucket in buckets:
             self._state(bucket.key).claiming = True
         self._claiming[pending.payload.envelope.id] = (pending, buckets)
@@ -218,16 +217,17 @@ class RateGate:
         self._metrics.rate_wait_seconds.observe(limited.wait)
         state = self._state(limited.key)
         if limited.kind == "tenant":  # waits in the scheduler; the tenant is held back meanwhile
-            self._parked.add(id(pending))
             self._scheduler.push(pending)
-            self._update_gauge()
         else:
             self._hold(state, pending)
         self._block(limited.key, state, limited.wait)
 
-    def unparked(self, pending: Pending[Delivery]) -> None:
-        """``pending`` left the scheduler other than through dispatch (handed back)."""
-        self._unpark(pending)
+    def waiting(self) -> int:
+        """Deliveries waiting here for a token (the gauge, read when scraped): held for a
+        type or key bucket, or in the scheduler behind their tenant's bucket."""
+        held = sum(len(state.held) for state in self._buckets.values() if state.held)
+        by_tenant = self._scheduler.pending_by_tenant()
+        return held + sum(n for t, n in by_tenant.items() if self.tenant_blocked(t))
 
     # --- holding and draining -------------------------------------------------------
 
@@ -247,9 +247,6 @@ class RateGate:
         for state in self._buckets.values():
             if state.held:
                 removed.extend(state.held.remove_where(pred))
-        for pending in removed:
-            self._parked.discard(id(pending))
-        self._update_gauge()
         return removed
 
     def drain(self) -> list[Pending[Delivery]]:
@@ -263,8 +260,6 @@ class RateGate:
                 waiting.extend(state.held.drain())
                 state.held = None
         self._held_ready.clear()
-        self._parked.clear()
-        self._update_gauge()
         return waiting
 
     # --- internals -----------------------------------------------------------------
@@ -279,16 +274,6 @@ class RateGate:
         if state.held is None:
             state.held = FairScheduler(aging_seconds=self._aging_seconds, weights=self._weights)
         state.held.push(pending)
-        self._parked.add(id(pending))
-        self._update_gauge()
-
-    def _unpark(self, pending: Pending[Delivery]) -> None:
-        if id(pending) in self._parked:
-            self._parked.discard(id(pending))
-            self._update_gauge()
-
-    def _update_gauge(self) -> None:
-        self._metrics.rate_waiting.set(len(self._parked))
 
     def _block(self, key: str, state: _BucketState, wait: float) -> None:
         """No token until ``wait`` is over: the bucket's deliveries wait, then one tries."""

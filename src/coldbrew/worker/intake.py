@@ -348,7 +348,6 @@ class Intake:
         stale.extend(self.caps.remove_held_where(lambda p: p.enqueued_at < cutoff))
         stale.extend(self.rates.remove_held_where(lambda p: p.enqueued_at < cutoff))
         for pending in stale:
-            self.rates.unparked(pending)
             self.metrics.held_requeued.inc()
             await pending.payload.message.requeue()
         if stale:
