@@ -54,6 +54,15 @@ def most_in_a_window(starts: list[float], window: float) -> int:
     return max(sum(1 for s in starts[i:] if s < t + window) for i, t in enumerate(starts))
 
 
+async def submit_all(
+    client: Client, job_type: str, args: dict[str, Any], tenant: str, count: int
+) -> list[str]:
+    jobs = await asyncio.gather(
+        *(client.submit(job_type, args, tenant=tenant) for _ in range(count))
+    )
+    return [job.id for job in jobs]
+
+
 async def finish(client: Client, ids: list[str], timeout: float = 30) -> None:
     finals = await asyncio.gather(*(client.wait(i, timeout=timeout) for i in ids))
     assert {f.status for f in finals} == {"succeeded"}
@@ -93,11 +102,10 @@ async def test_tenant_rate_holds_across_two_workers_without_holding_slots(
         await both_consume(workers, topo.job_queue("default", tenant))
     await asyncio.sleep(0.2)  # the first limited job's token is back
 
-    limited = [(await rl_client.submit("quick", {}, tenant="limited")).id for _ in range(60)]
+    # submitted at once: one by one, the submissions (not the limit) could set the pace
+    limited = await submit_all(rl_client, "quick", {}, "limited", 60)
     began = time.monotonic()
-    free = [
-        (await rl_client.submit("nap", {"seconds": 0.05}, tenant="free")).id for _ in range(40)
-    ]
+    free = await submit_all(rl_client, "nap", {"seconds": 0.05}, "free", 40)
     await finish(rl_client, free)
     free_took = time.monotonic() - began
     await finish(rl_client, limited)
@@ -123,7 +131,7 @@ async def test_type_rate_applies_to_every_tenant(
     )
     await start_worker(app=rl_app, concurrency=8)
     ids = [
-        (await rl_client.submit("nap", {"seconds": 0}, tenant=f"t{i % 3}")).id for i in range(12)
+        i for t in range(3) for i in await submit_all(rl_client, "nap", {"seconds": 0}, f"t{t}", 4)
     ]
     await finish(rl_client, ids)
     starts = await started_at(settings.namespace, ids)

@@ -8,7 +8,15 @@
 
 from __future__ import annotations
 
-from coldbrew.rates.claim import Bucket, RateKind, RateLimited, claim_limited, claim_with_tokens
+from coldbrew.rates.claim import (
+    Bucket,
+    RateKind,
+    RateLimited,
+    claim_limited,
+    claim_one_token,
+    claim_with_tokens,
+    record_refusal,
+)
 from coldbrew.rates.gate import RATE_JITTER, RateGate
 
 __all__ = [
@@ -18,5 +26,7 @@ __all__ = [
     "RateKind",
     "RateLimited",
     "claim_limited",
+    "claim_one_token",
     "claim_with_tokens",
+    "record_refusal",
 ]

@@ -8,10 +8,13 @@ claim's transaction). The gate decides *when* a limited delivery may try that
 claim, so that an empty bucket costs neither job slots nor a stream of
 futile claims -- the shape of the cap gate (caps/gate.py):
 
-- **One claim in flight per bucket.** The bucket's other deliveries wait for
-  its answer. A claim that took its tokens says, per bucket, when the next
-  token is due: the bucket's next delivery tries at once if one is there, or
-  waits until then without asking PostgreSQL.
+- **A few claims in flight per bucket.** At most ``min(burst, RATE_INFLIGHT)``
+  claims of a bucket are in flight here at a time (one for a burst of 1: there
+  is never more than one token to take), so that the claim's round trips do
+  not bound the rate; the bucket's other deliveries wait for an answer. A
+  claim that took its tokens says, per bucket, when the next token is due: the
+  bucket's next delivery tries at once if one is there, or waits until then
+  without asking PostgreSQL.
 - **Waiting without a slot, until the token is due.** A claim refused with
   ``RateLimited(wait)`` (another worker took the token first) blocks its
   bucket until ``wait`` is over (plus a jitter of at most a millisecond or
@@ -42,8 +45,10 @@ from coldbrew.rates.claim import Bucket, RateLimited
 from coldbrew.scheduler import FairScheduler, Pending
 from coldbrew.store.records import ClaimResult
 
-__all__ = ["RATE_JITTER", "RateGate"]
+__all__ = ["RATE_INFLIGHT", "RATE_JITTER", "RateGate"]
 
+RATE_INFLIGHT = 4
+"""Most claims of one bucket in flight on one worker (and never more than its burst)."""
 RATE_JITTER = 0.002
 """At most this many seconds (and at most a tenth of the wait) are added to a bucket's
 wait, so that workers waiting for the same token do not all ask at the same instant."""
@@ -54,17 +59,18 @@ class _BucketState:
     """A rate-limited bucket as this worker sees it: a claim in flight, a wait until its
     next token (``timer``), and the deliveries of a type or key bucket held meanwhile."""
 
-    claiming: bool = False
+    claiming: int = 0
+    most: int = 1  # claims allowed in flight at once: min(burst, RATE_INFLIGHT)
     timer: asyncio.TimerHandle | None = None
     held: FairScheduler[Delivery] | None = None
 
     @property
     def blocked(self) -> bool:
-        return self.claiming or self.timer is not None
+        return self.claiming >= self.most or self.timer is not None
 
     @property
     def idle(self) -> bool:
-        return not self.blocked and not self.held
+        return not self.claiming and self.timer is None and not self.held
 
 
 class RateGate:
@@ -170,15 +176,18 @@ class RateGate:
                 self._hold(state, pending)
                 return False
         for bucket in buckets:
-            self._state(bucket.key).claiming = True
+            state = self._state(bucket.key)
+            state.most = max(1, min(bucket.rate.burst, RATE_INFLIGHT))
+            state.claiming += 1
         self._claiming[pending.payload.envelope.id] = (pending, buckets)
         return True
 
     # --- how a claim ended ---------------------------------------------------------
 
-    def claim_done(self, result: ClaimResult) -> None:
+    def claim_done(self, result: ClaimResult, began: float) -> None:
         """A limited claim's result, before the job runs: each bucket's next delivery may
-        try at once, or when its next token is due (``result.rate_waits``)."""
+        try at once, or when its next token is due (``result.rate_waits``, counted from
+        the claim's transaction, which began at about ``began``, ``time.monotonic()``)."""
         entry = self._claiming.pop(result.id, None)
         if entry is None:
             return
@@ -187,9 +196,10 @@ class RateGate:
             state = self._buckets.get(bucket.key)
             if state is None:
                 continue
-            state.claiming = False
-            if waits.get(bucket.key, 0.0) > 0:
-                self._block(bucket.key, state, waits[bucket.key])
+            state.claiming = max(0, state.claiming - 1)
+            wait = waits.get(bucket.key, 0.0) - (time.monotonic() - began)
+            if wait > 0:
+                self._block(bucket.key, state, wait)
             else:
                 self._open(bucket.key, dispatch=False)
         self._dispatch()
@@ -205,13 +215,14 @@ class RateGate:
         for bucket in entry[1]:
             state = self._buckets.get(bucket.key)
             if state is not None:
-                state.claiming = False
+                state.claiming = max(0, state.claiming - 1)
                 if state.timer is None:
                     self._open(bucket.key, dispatch=False)
 
-    def park(self, pending: Pending[Delivery], limited: RateLimited) -> None:
-        """Hold a delivery whose claim found no token until the token is due (``limited``):
-        held, not nacked, and holding no job slot."""
+    def park(self, pending: Pending[Delivery], limited: RateLimited, began: float) -> None:
+        """Hold a delivery whose claim found no token until the token is due (``limited``,
+        its wait counted from the claim that began at ``began``): held, not nacked, and
+        holding no job slot."""
         self.claim_over(pending)
         self._metrics.rate_limited.labels(limited.kind).inc()
         self._metrics.rate_wait_seconds.observe(limited.wait)
@@ -220,7 +231,7 @@ class RateGate:
             self._scheduler.push(pending)
         else:
             self._hold(state, pending)
-        self._block(limited.key, state, limited.wait)
+        self._block(limited.key, state, max(limited.wait - (time.monotonic() - began), 0.0))
 
     def waiting(self) -> int:
         """Deliveries waiting here for a token (the gauge, read when scraped): held for a
@@ -280,7 +291,7 @@ class RateGate:
         self._held_ready.discard(key)
         if state.timer is not None:
             state.timer.cancel()
-        delay = wait + random.uniform(0.0, min(RATE_JITTER, wait / 10))
+        delay = wait + random.uniform(0.0, min(RATE_JITTER, max(wait, 0.001) / 10))
         state.timer = asyncio.get_running_loop().call_later(delay, self._open, key)
 
     def _open(self, key: str, *, dispatch: bool = True) -> None:
@@ -291,7 +302,7 @@ class RateGate:
         if state.timer is not None:
             state.timer.cancel()
             state.timer = None
-        if not state.claiming and state.held:
+        if not state.blocked and state.held:
             self._held_ready.add(key)
         if state.idle:
             del self._buckets[key]

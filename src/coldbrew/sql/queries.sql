@@ -854,3 +854,16 @@ RETURNING b.key, greatest(extract(epoch FROM b.tat - now()), 0)::float8 AS backl
 UPDATE rate_buckets AS b SET tat = now() + make_interval(secs => u.backlog)
 FROM unnest($1::text[], $2::float8[]) AS u(key, backlog)
 WHERE b.key = u.key;
+
+-- name: take_rate_token
+-- The claim of a job with one rate limit, after claim_batch in the same transaction: take one token of its GCRA bucket if one is due -- the upsert moves the theoretical arrival time on only when the bucket conforms, atomically under its row lock -- and read the backlog it left (taken_backlog, null: refused) and the backlog seen before (seen_backlog), in seconds ($1 bucket key, $2 emission interval in seconds, $3 tolerance in seconds)
+WITH taken AS (
+    INSERT INTO rate_buckets AS b (key, tat) VALUES ($1, now() + make_interval(secs => $2))
+    ON CONFLICT (key) DO UPDATE
+    SET tat = greatest(b.tat, now()) + make_interval(secs => $2)
+    WHERE b.tat - now() <= make_interval(secs => $3)
+    RETURNING greatest(extract(epoch FROM b.tat - now()), 0)::float8 AS backlog
+)
+SELECT (SELECT backlog FROM taken) AS taken_backlog,
+       (SELECT greatest(extract(epoch FROM tat - now()), 0)::float8
+        FROM rate_buckets WHERE key = $1) AS seen_backlog;

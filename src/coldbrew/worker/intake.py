@@ -269,6 +269,7 @@ class Intake:
             await self.runner.process(pending.payload)
             return
         delivery = pending.payload
+        began = time.monotonic()  # a rate limit's wait counts from the claim's transaction
         try:
             claim = await self.runner.claim_gated(delivery, capped=bool(scopes), buckets=buckets)
             if claim is None:  # refused, or drained during an outage: settled already
@@ -280,11 +281,11 @@ class Intake:
                 return
             if isinstance(claim, RateLimited):  # no token: hold it until the token is due
                 self.caps.claim_over(pending)
-                self._park_limited(pending, claim)
+                self._park_limited(pending, claim, began)
                 return
             # before the job runs: the next of its scopes and buckets may try now
             self.caps.capped_claim_done(claim)
-            self.rates.claim_done(claim)
+            self.rates.claim_done(claim, began)
             await self.runner.run_claimed(delivery, claim)
         except BaseException:
             self._claims_over(pending)
@@ -297,11 +298,11 @@ class Intake:
         self.caps.claim_over(pending)
         self.rates.claim_over(pending)
 
-    def _park_limited(self, pending: Pending[Delivery], limited: RateLimited) -> None:
+    def _park_limited(self, pending: Pending[Delivery], limited: RateLimited, began: float) -> None:
         if self.lifecycle.draining:  # the drain handed the others back: this one too
             pending.payload.message.requeue_soon()
         else:
-            self.rates.park(pending, limited)
+            self.rates.park(pending, limited, began)
         self.dispatch()
 
     def _park(self, pending: Pending[Delivery], capped: Capped) -> None:

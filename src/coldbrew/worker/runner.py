@@ -34,7 +34,7 @@ from coldbrew.errors import ContractViolation, JobCancelled, JobTimeout, Unstora
 from coldbrew.jobstate import Delivery, InFlight, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
 from coldbrew.procpool import ProcessPool
-from coldbrew.rates import Bucket, RateLimited, claim_limited
+from coldbrew.rates import Bucket, RateLimited, claim_limited, claim_one_token
 from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest, ClaimResult, JobStore, Outcome
 from coldbrew.transport import Broker
@@ -44,7 +44,12 @@ from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.recorder import OutcomeWriter
 
 log = structlog.get_logger("coldbrew.runner")
-C = TypeVar("C", ClaimResult, ClaimResult | Capped | RateLimited, ClaimResult | RateLimited)
+C = TypeVar(
+    "C",
+    ClaimResult,
+    ClaimResult | Capped | RateLimited,
+    ClaimResult | RateLimited,
+)
 
 
 class JobRunner:
@@ -116,6 +121,11 @@ class JobRunner:
         if capped:
             return await self._claim(
                 delivery, lambda: claim_capped(self.store.caps, request, buckets)
+            )
+        if len(buckets) == 1:
+            bucket = buckets[0]
+            return await self._claim(
+                delivery, lambda: claim_one_token(self.store.caps, request, bucket)
             )
         return await self._claim(delivery, lambda: claim_limited(self.store.caps, request, buckets))
 
