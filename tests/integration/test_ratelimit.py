@@ -160,6 +160,37 @@ async def test_per_key_limits_are_independent(
     assert abs(firsts[0] - firsts[1]) < 0.2  # b's first did not wait behind a's bucket
 
 
+async def test_several_limits_and_a_cap_apply_together(
+    start_worker: WorkerFactory, rl_client: Client, settings: Settings, rl_app: Any
+) -> None:
+    """A tenant's 8/s and fetch's 4/s per domain both hold (all buckets or none); a tenant
+    with a cap and a rate keeps both (the tokens are taken under the cap's locks)."""
+    channel = Topology(settings.namespace).tenant_channel
+    await rl_client.store.tenants.set_tenant_rate(
+        "multi", per_second=8, burst=1, clear=False, channel=channel
+    )
+    await rl_client.store.tenants.set_tenant("both", max_running=1, channel=channel)
+    await rl_client.store.tenants.set_tenant_rate(
+        "both", per_second=10, burst=1, clear=False, channel=channel
+    )
+    await start_worker(app=rl_app, concurrency=8)
+    by_domain: dict[str, list[str]] = {"a": [], "b": []}
+    for domain, ids in by_domain.items():
+        jobs = await asyncio.gather(
+            *(rl_client.submit("fetch", {"domain": domain}, tenant="multi") for _ in range(4))
+        )
+        ids.extend(job.id for job in jobs)
+    both = await submit_all(rl_client, "nap", {"seconds": 0.02}, "both", 6)
+    await finish(rl_client, [*by_domain["a"], *by_domain["b"], *both])
+    every = await started_at(settings.namespace, [*by_domain["a"], *by_domain["b"]])
+    assert min(b - a for a, b in zip(every, every[1:], strict=False)) >= 0.125 - 0.002
+    for ids in by_domain.values():
+        starts = await started_at(settings.namespace, ids)
+        assert min(b - a for a, b in zip(starts, starts[1:], strict=False)) >= 0.25 - 0.002
+    starts = await started_at(settings.namespace, both)
+    assert min(b - a for a, b in zip(starts, starts[1:], strict=False)) >= 0.1 - 0.002
+
+
 async def test_drain_requeues_held_limited_deliveries(
     start_worker: WorkerFactory,
     rl_client: Client,
