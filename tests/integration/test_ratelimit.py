@@ -137,7 +137,9 @@ async def test_type_rate_applies_to_every_tenant(
     starts = await started_at(settings.namespace, ids)
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert min(gaps) >= 0.1 - 0.002, gaps  # burst 1: one start per interval, never closer
-    assert starts[-1] - starts[0] < 11 * 0.1 * 1.3
+    # not slower than half the rate: a burst of 1 has no slack for a late claim on a busy
+    # machine, but a stall (a lost wake) would take far longer
+    assert starts[-1] - starts[0] < 11 * 0.1 * 2
 
 
 async def test_per_key_limits_are_independent(
@@ -155,7 +157,8 @@ async def test_per_key_limits_are_independent(
         starts = await started_at(settings.namespace, ids)
         gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
         assert min(gaps) >= 0.25 - 0.002, gaps
-        assert starts[-1] - starts[0] < 4 * 0.25 * 1.3  # not slowed by the other domain
+        # one bucket for both would spread each domain's five over ~8 intervals (2 s)
+        assert starts[-1] - starts[0] < 4 * 0.25 * 1.6  # not slowed by the other domain
         firsts.append(starts[0])
     assert abs(firsts[0] - firsts[1]) < 0.2  # b's first did not wait behind a's bucket
 
