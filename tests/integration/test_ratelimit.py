@@ -90,8 +90,8 @@ async def test_tenant_rate_holds_across_two_workers_without_holding_slots(
         "limited", per_second=20, burst=2, clear=False, channel=channel
     )
     workers = [
-        await start_worker(app=rl_app, worker_id="w1", concurrency=4),
-        await start_worker(app=rl_app, worker_id="w2", concurrency=4),
+        await start_worker(app=rl_app, worker_id="w1", concurrency=6),
+        await start_worker(app=rl_app, worker_id="w2", concurrency=6),
     ]
     # provision both tenants' queues and let both workers consume them first
     await finish(rl_client, [(await rl_client.submit("quick", {}, tenant="free")).id])
@@ -112,10 +112,12 @@ async def test_tenant_rate_holds_across_two_workers_without_holding_slots(
 
     starts = await started_at(settings.namespace, limited)
     rate = (len(starts) - 1) / (starts[-1] - starts[0])
-    assert 18 <= rate <= 22, rate
+    # within 15% below (a busy machine delays claims; slots are shared with "free") and
+    # never above what the bucket allows
+    assert 17 <= rate <= 21, rate
     # GCRA's bound for a 1 s window: floor((1 + tau) / T) + 1 = 22 (T = 0.05, tau = 0.05)
     assert most_in_a_window(starts, 1.0) <= 22
-    # 40 naps of 0.05 s on 8 slots take ~0.3 s; behind the limited backlog they'd take 3 s
+    # 40 naps of 0.05 s on 12 slots take ~0.2 s; behind the limited backlog they'd take 3 s
     assert free_took < 1.5, free_took
     refused = sum(metric(w, "coldbrew_rate_limited_total", scope="tenant") for w in workers)
     assert refused > 0  # the two workers raced for tokens: the fleet-wide path ran

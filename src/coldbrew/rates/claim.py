@@ -105,7 +105,10 @@ async def claim_one_token(
         except _NoToken as refused:  # rolled back: the job is not claimed
             tau = bucket.rate.interval * (bucket.rate.burst - 1)
             wait = max(refused.seen - tau, MIN_WAIT)
-    return await record_refusal(caps, request, RateLimited(bucket.kind, bucket.key, wait))
+        # the rolled-back claim found the job claimable (no duplicate): record it as
+        # waiting, on the same connection, and hold its delivery
+        await session.register_waiting(request)
+    return RateLimited(bucket.kind, bucket.key, wait)
 
 
 async def _claim_then_take(session: CapClaim, request: ClaimRequest, bucket: Bucket) -> ClaimResult:
