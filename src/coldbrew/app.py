@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from coldbrew.crontab import CatchUp, CronSpec, make_spec
 from coldbrew.errors import ConfigurationError, InvalidArguments, UnknownJobType
+from coldbrew.ratelimit import Rate, RateKey, parse_rate
 from coldbrew.unique import UniqueError, UniqueOpts, unique_opts
 
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
@@ -48,6 +49,9 @@ class JobSpec:
     on_cancel: Callable[..., Any] | None = None
     unique: UniqueOpts | None = None
     """``@app.job(unique_for=...)``: which submissions are this job again (unique.py)."""
+    rate_limit: Rate | None = None
+    """``rate_limit=``: a fleet-wide rate per key (``rate_key``) or, without one, per type."""
+    rate_key: RateKey | None = None
     arg_names: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +74,24 @@ class JobSpec:
         except ValidationError as exc:
             raise InvalidArguments(_describe_validation(self.name, exc)) from None
         return {name: getattr(model, name) for name in self.arg_names}
+
+
+def _job_rate(
+    job: str, rate_limit: str | None, rate_burst: int | None, rate_key: RateKey | None
+) -> Rate | None:
+    """``@app.job``'s rate options, checked when the job is declared."""
+    if rate_limit is None:
+        if rate_burst is not None or rate_key is not None:
+            raise ConfigurationError(f"job {job!r}: rate_burst and rate_key need a rate_limit")
+        return None
+    if not (rate_key is None or isinstance(rate_key, str) or callable(rate_key)):
+        raise ConfigurationError(
+            f"job {job!r}: rate_key must be an argument name or a function of the args"
+        )
+    try:
+        return parse_rate(rate_limit, rate_burst, what="rate_limit")
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"job {job!r}: {exc}") from None
 
 
 def _describe_validation(job: str, exc: ValidationError) -> str:
@@ -147,6 +169,9 @@ class App:
         unique_by: tuple[str, ...] | None = None,
         unique_states: tuple[str, ...] | None = None,
         unique_keys: tuple[str, ...] | None = None,
+        rate_limit: str | None = None,
+        rate_burst: int | None = None,
+        rate_key: RateKey | None = None,
     ) -> Callable[[F], F]:
         """Register a job. Coroutine functions run on the event loop, plain ones in the pool.
 
@@ -160,6 +185,12 @@ class App:
         of ``unique_states``, return that job (README "Unique jobs";
         ``unique_by``: ``args``, ``tenant``, ``queue``; ``unique_keys``: the
         args' keys that count).
+
+        ``rate_limit="50/s"`` (``N/s``, ``N/min``, ``N/h``) limits how often jobs of
+        this type start, fleet-wide: per value of the argument named ``rate_key``
+        (or of ``rate_key(args)``), or for the whole type without one; at most
+        ``rate_burst`` at once beyond the steady rate (default: a tenth of a
+        second's worth, at least 1).
         """
 
         def register(func: F) -> F:
@@ -185,7 +216,8 @@ class App:
                 unique = unique_opts(unique_for, unique_by, unique_states, unique_keys)
             except UniqueError as exc:
                 raise ConfigurationError(f"job {job_name!r}: {exc}") from None
-            self.jobs[job_name] = JobSpec(
+            rate = _job_rate(job_name, rate_limit, rate_burst, rate_key)
+            spec = JobSpec(
                 name=job_name,
                 func=func,
                 queue=lane,
@@ -198,7 +230,15 @@ class App:
                 max_wall_seconds=max_wall_seconds,
                 on_cancel=on_cancel,
                 unique=unique,
+                rate_limit=rate,
+                rate_key=rate_key,
             )
+            named = isinstance(rate_key, str) and spec.args_model is not None
+            if named and rate_key not in spec.arg_names:
+                raise ConfigurationError(
+                    f"job {job_name!r}: rate_key {rate_key!r} is not one of its arguments"
+                )
+            self.jobs[job_name] = spec
             return func
 
         return register

@@ -35,6 +35,8 @@ class Delivery:
     envelope: Envelope
     spec: JobSpec
     args: dict[str, Any]
+    rate_key: str | None = None
+    """The per-key rate limit's bucket (``<type>:<value>``), when the type has one."""
 
 
 @dataclass(slots=True, eq=False)

@@ -134,6 +134,7 @@ class Metrics:
         self._init_cron_metrics(registry)
         self._init_dead_letter_metrics(registry)
         init_build_info(registry)
+        self._init_ratelimit_metrics(registry)
         self._handles: dict[tuple[str, str], JobHandles] = {}
         # Known label values exist from the start, so rate() sees the first increment.
         for cause in REDELIVERY_CAUSES:
@@ -285,6 +286,28 @@ class Metrics:
             ["type", "source"],
             registry=reg,
         )
+    def _init_ratelimit_metrics(self, reg: CollectorRegistry) -> None:
+        """Fleet-wide rate limits: claims that found no token, and the deliveries waiting."""
+        self.rate_limited = Counter(
+            "coldbrew_rate_limited_total",
+            "Claims that found a rate limit's bucket empty; the delivery waited for its token "
+            "(scope: tenant, type or key), holding no job slot.",
+            ["scope"],
+            registry=reg,
+        )
+        self.rate_waiting = Gauge(
+            "coldbrew_rate_waiting",
+            "Deliveries held here waiting for a rate limit's token.",
+            registry=reg,
+        )
+        self.rate_wait_seconds = Histogram(
+            "coldbrew_rate_wait_seconds",
+            "The wait a refused rate-limited claim was told (until its token is due).",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600),
+            registry=reg,
+        )
+        for scope in ("tenant", "type", "key"):
+            self.rate_limited.labels(scope=scope)
 
     def _init_reconcile_metrics(self, reg: CollectorRegistry) -> None:
         self.reconcile_passes = Counter(

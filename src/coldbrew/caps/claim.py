@@ -16,28 +16,41 @@ place carries ``places_left``, which the caller hands to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from coldbrew.caps.decision import Capped, busy_scope, counted_scopes, full_scope, places_left
+from coldbrew.rates.claim import Bucket, RateLimited, claim_with_tokens
 from coldbrew.store.caps import CapStore
 from coldbrew.store.records import ClaimRequest, ClaimResult
 
 __all__ = ["claim_capped"]
 
 
-async def claim_capped(caps: CapStore, request: ClaimRequest) -> ClaimResult | Capped:
-    """Claim ``request`` if its caps leave room; else record it as waiting (see above)."""
+async def claim_capped(
+    caps: CapStore, request: ClaimRequest, buckets: Sequence[Bucket] = ()
+) -> ClaimResult | Capped | RateLimited:
+    """Claim ``request`` if its caps leave room (and, with ``buckets``, if its rate limits
+    have a token: ``rates.claim_with_tokens``, under the caps' locks); else record it as
+    waiting (see above)."""
     async with caps.claim_session() as session:
         async with session.transaction():
             locks = await session.try_lock_cap_scopes(request.tenant, request.type)
-            full = busy_scope(locks)
-            if full is None:
+            wait: Capped | RateLimited | None = busy_scope(locks)
+            if wait is None:
                 room = await session.cap_room(*counted_scopes(locks, request.tenant, request.type))
-                full = full_scope(locks, room)
-                if full is None:
-                    result = await session.claim(request)
-                    if result.claimed:
-                        result.places_left = places_left(locks, room)
-                    return result
+                wait = full_scope(locks, room)
+                if wait is None:
+                    answer = (
+                        await claim_with_tokens(session, request, buckets)
+                        if buckets
+                        else await session.claim(request)
+                    )
+                    if isinstance(answer, ClaimResult):
+                        if answer.claimed:
+                            answer.places_left = places_left(locks, room)
+                        return answer
+                    wait = answer
         # no room: the locks are already let go; record the job as waiting
         await session.register_waiting(request)
         result, claimable = await session.claimability(request.id)
-    return full if claimable else result  # else finished or held elsewhere: not a wait
+    return wait if claimable else result  # else finished or held elsewhere: not a wait

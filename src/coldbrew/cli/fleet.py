@@ -34,6 +34,7 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     tenants_set.add_argument(
         "--max-running", metavar="N|none", help="fleet-wide cap on running jobs (none: no cap)"
     )
+    _add_rate_options(tenants_set)
     for verb, text in (("pause", "hold this tenant's jobs"), ("resume", "run them again")):
         tenants_sub.add_parser(verb, help=text).add_argument("name")
 
@@ -48,9 +49,66 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     )
     types_set = types_sub.add_parser("set", help="cap a job type's running jobs fleet-wide")
     types_set.add_argument("name", metavar="TYPE")
-    types_set.add_argument(
-        "--max-running", metavar="N|none", required=True, help="the cap (none: no cap)"
+    types_set.add_argument("--max-running", metavar="N|none", help="the cap (none: no cap)")
+    _add_rate_options(types_set)
+
+
+def _add_rate_options(parser: Parser) -> None:
+    parser.add_argument(
+        "--rate",
+        metavar="N/s|N/min|N/h|none",
+        help="fleet-wide rate limit on starts, e.g. 10/s or 600/min (none: no limit)",
     )
+    parser.add_argument(
+        "--burst",
+        metavar="N",
+        help="starts allowed at once beyond the steady rate (default: a tenth of a second's "
+        "worth of the rate, at least 1)",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RateChange:
+    """``--rate``/``--burst`` as given: what to store (``clear``: remove the limit)."""
+
+    per_second: float | None
+    burst: int | None
+    clear: bool
+
+
+def parse_rate_options(rate_text: str | None, burst_text: str | None) -> RateChange | None:
+    """``--rate`` and ``--burst`` checked (ConfigurationError: exit 2); None: neither given."""
+    from coldbrew.ratelimit import MAX_BURST, parse_rate
+
+    if rate_text is None and burst_text is None:
+        return None
+    burst = None
+    if burst_text is not None:
+        try:
+            burst = int(burst_text)
+        except ValueError:
+            raise ConfigurationError(
+                f"--burst must be a whole number, not {burst_text!r}"
+            ) from None
+        if not 1 <= burst <= MAX_BURST:
+            raise ConfigurationError(f"--burst must be in 1..{MAX_BURST}, not {burst}")
+    if rate_text is not None and rate_text.strip().lower() in ("none", "unlimited"):
+        if burst is not None:
+            raise ConfigurationError("--burst makes no sense with --rate none")
+        return RateChange(None, None, clear=True)
+    per_second = None
+    if rate_text is not None:
+        per_second = parse_rate(rate_text, burst or 1, what="--rate").per_second
+    return RateChange(per_second, burst, clear=False)
+
+
+def _describe_rate(per_second: float | None, burst: int | None) -> str:
+    from coldbrew.ratelimit import default_burst, format_rate
+
+    if per_second is None:
+        return "no rate limit"
+    shown = burst if burst is not None else default_burst(per_second)
+    return f"rate {format_rate(per_second)} burst {shown}"
 
 
 async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
@@ -67,29 +125,39 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigurationError(f"--weight must be in (0, 1000], not {weight:g}")
     cap_text = getattr(args, "max_running", None)
     cap = parse_cap(cap_text) if cap_text is not None else None
+    rate = parse_rate_options(getattr(args, "rate", None), getattr(args, "burst", None))
+    channel = Topology(settings.namespace).tenant_channel
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
         if command == "list":
             rows = await store.tenants.list_tenants()
         else:
             paused = {"pause": True, "resume": False}.get(command)
-            rows = [
-                await store.tenants.set_tenant(
+            row = await store.tenants.set_tenant(
+                name,
+                weight=weight,
+                paused=paused,
+                max_running=cap,
+                uncap=cap_text is not None and cap is None,
+                channel=channel,
+            )
+            if rate is not None:
+                row = await store.tenants.set_tenant_rate(
                     name,
-                    weight=weight,
-                    paused=paused,
-                    max_running=cap,
-                    uncap=cap_text is not None and cap is None,
-                    channel=Topology(settings.namespace).tenant_channel,
+                    per_second=rate.per_second,
+                    burst=rate.burst,
+                    clear=rate.clear,
+                    channel=channel,
                 )
-            ]
+            rows = [row]
     if getattr(args, "json", False):
         print_json([dataclasses.asdict(row) for row in rows])
         return EXIT_OK
     for row in rows:
         state = "paused" if row.paused else "active"
         limit = "no cap" if row.max_running is None else f"max running {row.max_running}"
-        print(f"{row.name:<24} weight {row.weight:<6g} {limit:<18} {state}")
+        rated = _describe_rate(row.rate_per_second, row.rate_burst)
+        print(f"{row.name:<24} weight {row.weight:<6g} {limit:<18} {rated:<26} {state}")
     if not rows:
         print_empty("no tenants yet: one is recorded when its first job arrives")
     return EXIT_OK
@@ -102,25 +170,48 @@ async def cmd_types(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.types_command == "set" and not JOB_TYPE_RE.match(args.name):
         raise ConfigurationError(f"job type {args.name!r} must match {JOB_TYPE_RE.pattern}")
-    cap = parse_cap(args.max_running) if args.types_command == "set" else None
+    setting = args.types_command == "set"
+    cap_text = args.max_running if setting else None
+    cap = parse_cap(cap_text) if cap_text is not None else None
+    rate = parse_rate_options(args.rate, args.burst) if setting else None
+    if setting and cap_text is None and rate is None:
+        raise ConfigurationError("types set needs --max-running, --rate or --burst")
+    channel = Topology(settings.namespace).tenant_channel
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
-        if args.types_command == "list":
+        if not setting:
             caps = {row.name: row for row in await store.tenants.list_job_types()}
             registered = {row.name: row for row in await store.types.list_all()}
             return _list_types(caps, registered, json_out=args.json)
-        row = await store.tenants.set_job_type(
-            args.name, max_running=cap, channel=Topology(settings.namespace).tenant_channel
-        )
-    limit = "no cap" if row.max_running is None else f"max running {row.max_running}"
-    print(f"{row.name:<32} {limit}")
+        row = None
+        if cap_text is not None:
+            row = await store.tenants.set_job_type(args.name, max_running=cap, channel=channel)
+        if rate is not None:
+            row = await store.tenants.set_job_type_rate(
+                args.name,
+                per_second=rate.per_second,
+                burst=rate.burst,
+                clear=rate.clear,
+                channel=channel,
+            )
+    assert row is not None  # one of the two was given (checked above)
+    print(f"{row.name:<32} {_describe_limits(row)}")
     return EXIT_OK
+
+
+def _describe_limits(row: JobTypeSettings | None) -> str:
+    """A type's cap and rate limit, as ``types list`` and ``types set`` print them."""
+    if row is None:
+        return f"{'no cap':<18} {'no rate limit':<26}"
+    limit = "no cap" if row.max_running is None else f"max running {row.max_running}"
+    return f"{limit:<18} {_describe_rate(row.rate_per_second, row.rate_burst):<26}"
 
 
 def _list_types(
     caps: dict[str, JobTypeSettings], registered: dict[str, RegisteredType], *, json_out: bool
 ) -> int:
-    """``types list``: each type a worker registered (lane, pool, defaults) or that has a cap."""
+    """``types list``: each type a worker registered (lane, pool, defaults) or that has a cap
+    or a rate limit."""
     names = sorted(caps.keys() | registered.keys())
     if json_out:
         print_json(
@@ -128,6 +219,8 @@ def _list_types(
                 {
                     "name": name,
                     "max_running": caps[name].max_running if name in caps else None,
+                    "rate_per_second": caps[name].rate_per_second if name in caps else None,
+                    "rate_burst": caps[name].rate_burst if name in caps else None,
                     "registered": registered[name].to_json() if name in registered else None,
                 }
                 for name in names
@@ -136,15 +229,11 @@ def _list_types(
         return EXIT_OK
     if not names:
         print_empty(
-            "no job types: no worker has registered one yet and no job type has a cap "
-            "(`coldbrew types set TYPE --max-running N`)"
+            "no job types: no worker has registered one yet and no job type has a cap or a "
+            "rate limit (`coldbrew types set TYPE --max-running N | --rate N/s`)"
         )
         return EXIT_OK
     for name in names:
-        cap = caps.get(name)
-        limit = "no cap" if cap is None or cap.max_running is None else (
-            f"max running {cap.max_running}"
-        )
         reg = registered.get(name)
         if reg is None:
             where = "not registered by any worker"
@@ -156,7 +245,7 @@ def _list_types(
                 f"lane {reg.queue:<10} {pool:<12} attempts {attempts:<3} timeout {timeout:<7} "
                 f"by {reg.worker_id}"
             )
-        print(f"{name:<24} {limit:<16} {where}")
+        print(f"{name:<24} {_describe_limits(caps.get(name))} {where}")
     return EXIT_OK
 
 

@@ -305,7 +305,8 @@ SELECT EXISTS (SELECT 1 FROM added) AS added;
 
 -- name: list_tenants
 -- Every tenant with its scheduling settings
-SELECT name, weight, max_running, paused, created_at FROM tenants ORDER BY name;
+SELECT name, weight, max_running, paused, created_at, rate_per_second, rate_burst
+FROM tenants ORDER BY name;
 
 -- name: set_tenant
 -- Create or change a tenant; a null leaves that setting as it is ($1 name, $2 weight or null, $3 paused or null, $4 max running or null, $5 true to remove the cap)
@@ -315,17 +316,17 @@ VALUES ($1, coalesce($2::real, 1), coalesce($3::bool, false),
 ON CONFLICT (name) DO UPDATE
 SET weight = coalesce($2::real, tenants.weight), paused = coalesce($3::bool, tenants.paused),
     max_running = CASE WHEN $5::bool THEN NULL ELSE coalesce($4::int4, tenants.max_running) END
-RETURNING name, weight, max_running, paused, created_at;
+RETURNING name, weight, max_running, paused, created_at, rate_per_second, rate_burst;
 
 -- name: list_job_types
 -- Every job type with a fleet-wide setting
-SELECT name, max_running, created_at FROM job_types ORDER BY name;
+SELECT name, max_running, created_at, rate_per_second, rate_burst FROM job_types ORDER BY name;
 
 -- name: set_job_type
 -- Create or change a job type's fleet-wide cap ($1 name, $2 max running, or null for no cap)
 INSERT INTO job_types (name, max_running) VALUES ($1, $2::int4)
 ON CONFLICT (name) DO UPDATE SET max_running = $2::int4
-RETURNING name, max_running, created_at;
+RETURNING name, max_running, created_at, rate_per_second, rate_burst;
 
 -- name: try_lock_cap_scopes
 -- Without waiting, take the advisory lock of a capped job's tenant, then of its type (always in that order), each only if that scope has a cap; a lock another transaction holds reads false and the type's is then not tried (null). Held until the transaction ends; the key includes the schema because advisory locks are database-wide ($1 tenant, $2 type)
@@ -1036,3 +1037,52 @@ ORDER BY queue, tenant;
 -- name: get_jobs
 -- The rows of several jobs in one statement, one primary-key lookup each, for following them from the command line and the demo ($1 ids)
 SELECT j.* FROM unnest($1::text[]) AS u(id) JOIN jobs AS j ON j.id = u.id;
+-- === rate limits (issue #15) =================================================================
+
+-- name: set_tenant_rate
+-- Create a tenant or change its rate limit: a null leaves that setting as it is, $4 true removes both ($1 name, $2 starts per second or null, $3 burst or null, $4 true to remove the limit)
+INSERT INTO tenants (name, rate_per_second, rate_burst)
+VALUES ($1, CASE WHEN $4::bool THEN NULL ELSE $2::float8 END,
+        CASE WHEN $4::bool THEN NULL ELSE $3::int4 END)
+ON CONFLICT (name) DO UPDATE
+SET rate_per_second = CASE WHEN $4::bool THEN NULL
+                           ELSE coalesce($2::float8, tenants.rate_per_second) END,
+    rate_burst = CASE WHEN $4::bool THEN NULL ELSE coalesce($3::int4, tenants.rate_burst) END
+RETURNING name, weight, max_running, paused, created_at, rate_per_second, rate_burst;
+
+-- name: set_job_type_rate
+-- Create a job type's settings or change its rate limit: a null leaves that setting as it is, $4 true removes both ($1 name, $2 starts per second or null, $3 burst or null, $4 true to remove the limit)
+INSERT INTO job_types (name, rate_per_second, rate_burst)
+VALUES ($1, CASE WHEN $4::bool THEN NULL ELSE $2::float8 END,
+        CASE WHEN $4::bool THEN NULL ELSE $3::int4 END)
+ON CONFLICT (name) DO UPDATE
+SET rate_per_second = CASE WHEN $4::bool THEN NULL
+                           ELSE coalesce($2::float8, job_types.rate_per_second) END,
+    rate_burst = CASE WHEN $4::bool THEN NULL ELSE coalesce($3::int4, job_types.rate_burst) END
+RETURNING name, max_running, created_at, rate_per_second, rate_burst;
+
+-- name: lock_rate_buckets
+-- A rate-limited claim's first statement: lock its GCRA buckets (creating missing ones, full), in the order given -- the caller sorts the keys, so two claims cannot deadlock -- and read how far each one's theoretical arrival time lies ahead of now, in seconds (0: none); the locks hold until the claim's transaction ends ($1 bucket keys)
+INSERT INTO rate_buckets AS b (key, tat)
+SELECT k, now() FROM unnest($1::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n
+ON CONFLICT (key) DO UPDATE SET tat = b.tat
+RETURNING b.key, greatest(extract(epoch FROM b.tat - now()), 0)::float8 AS backlog;
+
+-- name: take_rate_tokens
+-- The rate-limited claim claimed its job: store each bucket's new theoretical arrival time, as seconds from now ($1 bucket keys, $2 backlogs in seconds)
+UPDATE rate_buckets AS b SET tat = now() + make_interval(secs => u.backlog)
+FROM unnest($1::text[], $2::float8[]) AS u(key, backlog)
+WHERE b.key = u.key;
+
+-- name: take_rate_token
+-- The claim of a job with one rate limit, after claim_batch in the same transaction: take one token of its GCRA bucket if one is due -- the upsert moves the theoretical arrival time on only when the bucket conforms, atomically under its row lock -- and read the backlog it left (taken_backlog, null: refused) and the backlog seen before (seen_backlog), in seconds ($1 bucket key, $2 emission interval in seconds, $3 tolerance in seconds)
+WITH taken AS (
+    INSERT INTO rate_buckets AS b (key, tat) VALUES ($1, now() + make_interval(secs => $2))
+    ON CONFLICT (key) DO UPDATE
+    SET tat = greatest(b.tat, now()) + make_interval(secs => $2)
+    WHERE b.tat - now() <= make_interval(secs => $3)
+    RETURNING greatest(extract(epoch FROM b.tat - now()), 0)::float8 AS backlog
+)
+SELECT (SELECT backlog FROM taken) AS taken_backlog,
+       (SELECT greatest(extract(epoch FROM tat - now()), 0)::float8
+        FROM rate_buckets WHERE key = $1) AS seen_backlog;

@@ -195,3 +195,17 @@ CREATE TABLE registered_types (
 );
 
 CREATE INDEX jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
+-- --- rate limits (issue #15; migration 0007) ---
+
+ALTER TABLE tenants
+    ADD COLUMN rate_per_second double precision CHECK (rate_per_second > 0),
+    ADD COLUMN rate_burst integer CHECK (rate_burst >= 1);
+
+ALTER TABLE job_types
+    ADD COLUMN rate_per_second double precision CHECK (rate_per_second > 0),
+    ADD COLUMN rate_burst integer CHECK (rate_burst >= 1);
+
+CREATE TABLE rate_buckets (
+    key  text PRIMARY KEY,
+    tat  timestamptz NOT NULL
+);

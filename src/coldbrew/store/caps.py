@@ -19,6 +19,7 @@ from asyncpg.transaction import Transaction
 from coldbrew.sql import QUERIES
 from coldbrew.store.base import Database, StoreBase
 from coldbrew.store.claims import ClaimConfig, claim_result, vanished
+from coldbrew.store.rates import RateTokens
 from coldbrew.store.records import CapLocks, CapRoom, ClaimRequest, ClaimResult
 from coldbrew.topology import Topology
 
@@ -43,6 +44,8 @@ class CapClaim:
     def __init__(self, conn: asyncpg.Connection, config: ClaimConfig) -> None:
         self._conn = conn
         self._config = config
+        self.tokens = RateTokens(conn)
+        """The rate limits' bucket statements, on this claim's connection."""
 
     def transaction(self) -> Transaction:
         """The short transaction the scopes' advisory locks live in."""

@@ -71,6 +71,9 @@ class ClaimResult:
     places_left: Mapping[str, int] | None = None
     """A capped claim that took a place: the places each capped scope (``tenant``,
     ``type``) has left once it did (0: full now). None for any other claim."""
+    rate_waits: Mapping[str, float] | None = None
+    """A rate-limited claim that took its tokens: per bucket key, the seconds until that
+    bucket's next token is due (0: one is there now). None for any other claim."""
 
 
 @dataclass(slots=True)  # built per job: not frozen, a frozen __init__ costs ~2.5x
@@ -139,10 +142,22 @@ class TenantSettings:
     max_running: int | None
     paused: bool
     created_at: datetime
+    rate_per_second: float | None = None
+    """Fleet-wide rate limit (starts per second), None: not limited."""
+    rate_burst: int | None = None
+    """Starts allowed at once beyond the steady rate; None: ``ratelimit.default_burst``."""
 
     @classmethod
     def from_row(cls, row: Any) -> TenantSettings:
-        return cls(row["name"], row["weight"], row["max_running"], row["paused"], row["created_at"])
+        return cls(
+            row["name"],
+            row["weight"],
+            row["max_running"],
+            row["paused"],
+            row["created_at"],
+            row.get("rate_per_second"),
+            row.get("rate_burst"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,10 +165,20 @@ class JobTypeSettings:
     name: str
     max_running: int | None
     created_at: datetime
+    rate_per_second: float | None = None
+    """Fleet-wide rate limit (starts per second), None: not limited."""
+    rate_burst: int | None = None
+    """Starts allowed at once beyond the steady rate; None: ``ratelimit.default_burst``."""
 
     @classmethod
     def from_row(cls, row: Any) -> JobTypeSettings:
-        return cls(row["name"], row["max_running"], row["created_at"])
+        return cls(
+            row["name"],
+            row["max_running"],
+            row["created_at"],
+            row.get("rate_per_second"),
+            row.get("rate_burst"),
+        )
 
 
 @dataclass(frozen=True, slots=True)

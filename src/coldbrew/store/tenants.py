@@ -74,6 +74,37 @@ class TenantStore(StoreBase):
 
         return await self._run(op)
 
+    async def set_tenant_rate(
+        self, name: str, *, per_second: float | None, burst: int | None, clear: bool, channel: str
+    ) -> TenantSettings:
+        """Set a tenant's rate limit (None leaves that part as it is; ``clear`` removes the
+        limit) and tell the fleet, in one transaction."""
+
+        async def op(conn: asyncpg.Connection) -> TenantSettings:
+            async with conn.transaction():
+                row = await conn.fetchrow(
+                    QUERIES["set_tenant_rate"].text, name, per_second, burst, clear
+                )
+                await _notify_settings_changed(conn, channel)
+                return TenantSettings.from_row(row)
+
+        return await self._run(op)
+
+    async def set_job_type_rate(
+        self, name: str, *, per_second: float | None, burst: int | None, clear: bool, channel: str
+    ) -> JobTypeSettings:
+        """Set a job type's rate limit (as ``set_tenant_rate``) and tell the fleet."""
+
+        async def op(conn: asyncpg.Connection) -> JobTypeSettings:
+            async with conn.transaction():
+                row = await conn.fetchrow(
+                    QUERIES["set_job_type_rate"].text, name, per_second, burst, clear
+                )
+                await _notify_settings_changed(conn, channel)
+                return JobTypeSettings.from_row(row)
+
+        return await self._run(op)
+
 
 async def _notify_settings_changed(conn: asyncpg.Connection, channel: str) -> None:
     """NOTIFY ``tenants-changed`` (delivered when the caller's transaction commits)."""

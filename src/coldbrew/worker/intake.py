@@ -36,6 +36,8 @@ from coldbrew.errors import ContractViolation, UnknownJobType
 from coldbrew.jobstate import Delivery
 from coldbrew.metrics import Metrics
 from coldbrew.model import parse_envelope
+from coldbrew.ratelimit import Rate, default_burst, rate_key_value
+from coldbrew.rates import Bucket, RateGate, RateLimited
 from coldbrew.scheduler import TOP_CLASS, FairScheduler, Pending
 from coldbrew.settings import Settings
 from coldbrew.store import JobStore, JobTypeSettings, TenantSettings
@@ -85,6 +87,12 @@ class Intake:
             metrics=metrics,
             dispatch=self.dispatch,
             listening=cap_listening,
+        )
+        self.rates = RateGate(
+            scheduler=self.scheduler,
+            aging_seconds=settings.aging_seconds / TOP_CLASS,
+            metrics=metrics,
+            dispatch=self.dispatch,
         )
         broker_timeout = settings.broker_consumer_timeout_seconds
         # held deliveries are handed back before RabbitMQ's consumer_timeout would
@@ -141,13 +149,17 @@ class Intake:
             spec = self.app.get(envelope.type)
         except UnknownJobType as exc:
             raise ContractViolation("unknown_type", str(exc)) from None
-        return Delivery(message, envelope, spec, spec.validate_args(envelope.args))
+        args = spec.validate_args(envelope.args)
+        rate_key = None
+        if spec.rate_limit is not None:  # a key that cannot be read: dead-lettered, reason rate_key
+            rate_key = rate_key_value(spec.name, spec.rate_key, args)
+        return Delivery(message, envelope, spec, args, rate_key)
 
     # --- 3. schedule ----------------------------------------------------------------
 
     def _schedule(self, pending: Pending[Delivery]) -> None:
         if self._starts_at_once(pending):
-            self._launch(pending, ())
+            self._launch(pending, (), ())
         else:
             self.scheduler.push(pending)
             self.dispatch()
@@ -165,8 +177,10 @@ class Intake:
             and not self.scheduler
             and not self.lifecycle.draining
             and not self.caps.active
+            and not self.rates.active
             and pending.tenant not in self._paused
             and not self.caps.scopes(pending)
+            and not self.rates.buckets(pending)
         )
 
     def apply_tenant_settings(
@@ -176,6 +190,7 @@ class Intake:
         for tenant in tenants:
             self.scheduler.set_weight(tenant.name, tenant.weight)
             self.caps.set_weight(tenant.name, tenant.weight)
+            self.rates.set_weight(tenant.name, tenant.weight)
         paused = frozenset(t.name for t in tenants if t.paused)
         if paused != self._paused:
             log.info("paused_tenants", tenants=sorted(paused))
@@ -184,6 +199,13 @@ class Intake:
         type_caps = {t.name: t.max_running for t in types if t.max_running is not None}
         if self.caps.set_caps(tenant_caps, type_caps):
             log.info("fleet_caps", tenants=tenant_caps, types=type_caps)
+        tenant_rates = {t.name: _rate(t.rate_per_second, t.rate_burst) for t in tenants}
+        type_rates = {t.name: _rate(t.rate_per_second, t.rate_burst) for t in types}
+        if self.rates.set_rates(
+            {k: r for k, r in tenant_rates.items() if r is not None},
+            {k: r for k, r in type_rates.items() if r is not None},
+        ):
+            log.info("fleet_rates", tenants=_shown(tenant_rates), types=_shown(type_rates))
         self.dispatch()
 
     def cap_freed_elsewhere(self, payload: str, pid: int) -> None:
@@ -196,7 +218,7 @@ class Intake:
     def _eligible(self, tenant: str) -> bool:
         if tenant in self._paused:
             return False
-        return not self.caps.blocked(("tenant", tenant))
+        return not self.caps.blocked(("tenant", tenant)) and not self.rates.tenant_blocked(tenant)
 
     # --- 4. dispatch ----------------------------------------------------------------
 
@@ -204,51 +226,83 @@ class Intake:
         """Start jobs while there are free slots and held deliveries."""
         limit = self.settings.concurrency
         while self.running < limit and not self.lifecycle.draining:
-            pending = self.caps.take_held()
+            pending = self.caps.take_held() or self.rates.take_held()
             if pending is None:
-                eligible = self._eligible if self._paused or self.caps.active else None
-                pending = self.scheduler.pop(time.monotonic(), eligible)
+                gated = self._paused or self.caps.active or self.rates.active
+                pending = self.scheduler.pop(time.monotonic(), self._eligible if gated else None)
                 if pending is None:
                     return
             scopes = self.caps.scopes(pending)
-            if scopes and not self._begin_capped_claim(pending, scopes):
+            buckets = self.rates.buckets(pending)
+            if (scopes or buckets) and not self._begin_gated_claim(pending, scopes, buckets):
                 continue
-            self._launch(pending, scopes)
+            self._launch(pending, scopes, buckets)
 
-    def _begin_capped_claim(self, pending: Pending[Delivery], scopes: tuple[Scope, ...]) -> bool:
-        """Mark the claim of ``pending`` in flight for its scopes; False when one is blocked,
-        and then ``pending`` waits (a tenant's in the scheduler, a type's in its ``held``)."""
-        if not self._eligible(pending.tenant):  # a held type delivery whose tenant is held back
+    def _begin_gated_claim(
+        self, pending: Pending[Delivery], scopes: tuple[Scope, ...], buckets: tuple[Bucket, ...]
+    ) -> bool:
+        """Mark the claim of ``pending`` in flight for its cap scopes and rate buckets; False
+        when one is blocked, and then ``pending`` waits (a tenant's in the scheduler, a
+        type's or key's in its gate's ``held``)."""
+        if not self._eligible(pending.tenant):  # a held delivery whose tenant is held back
             self.scheduler.push(pending)
             return False
-        return self.caps.begin_claim(pending, scopes)
+        if buckets and not self.rates.begin_claim(pending, buckets):
+            return False
+        if scopes and not self.caps.begin_claim(pending, scopes):
+            self.rates.claim_over(pending)
+            return False
+        return True
 
-    def _launch(self, pending: Pending[Delivery], scopes: tuple[Scope, ...]) -> None:
+    def _launch(
+        self, pending: Pending[Delivery], scopes: tuple[Scope, ...], buckets: tuple[Bucket, ...]
+    ) -> None:
         self.running += 1
-        task = asyncio.create_task(self._run_one(pending, scopes))
+        task = asyncio.create_task(self._run_one(pending, scopes, buckets))
         self.tasks.add(task)
         task.add_done_callback(self._job_done)
 
-    async def _run_one(self, pending: Pending[Delivery], scopes: tuple[Scope, ...]) -> None:
-        if not scopes:
+    async def _run_one(
+        self, pending: Pending[Delivery], scopes: tuple[Scope, ...], buckets: tuple[Bucket, ...]
+    ) -> None:
+        if not scopes and not buckets:
             await self.runner.process(pending.payload)
             return
         delivery = pending.payload
+        began = time.monotonic()  # a rate limit's wait counts from the claim's transaction
         try:
-            claim = await self.runner.claim_capped(delivery)
+            claim = await self.runner.claim_gated(delivery, capped=bool(scopes), buckets=buckets)
             if claim is None:  # refused, or drained during an outage: settled already
-                self.caps.claim_over(pending)
+                self._claims_over(pending)
                 return
             if isinstance(claim, Capped):  # no room: hold it (not nack it) until a wake
+                self.rates.claim_over(pending)
                 self._park(pending, claim)
                 return
-            self.caps.capped_claim_done(claim)  # before the job runs: the next may try now
+            if isinstance(claim, RateLimited):  # no token: hold it until the token is due
+                self.caps.claim_over(pending)
+                self._park_limited(pending, claim, began)
+                return
+            # before the job runs: the next of its scopes and buckets may try now
+            self.caps.capped_claim_done(claim)
+            self.rates.claim_done(claim, began)
             await self.runner.run_claimed(delivery, claim)
         except BaseException:
-            self.caps.claim_over(pending)
+            self._claims_over(pending)
             raise
         # it ran here (or was a duplicate): a place of its scopes may have freed
         self.caps.job_done(pending, scopes, draining=self.lifecycle.draining)
+        self.dispatch()
+
+    def _claims_over(self, pending: Pending[Delivery]) -> None:
+        self.caps.claim_over(pending)
+        self.rates.claim_over(pending)
+
+    def _park_limited(self, pending: Pending[Delivery], limited: RateLimited, began: float) -> None:
+        if self.lifecycle.draining:  # the drain handed the others back: this one too
+            pending.payload.message.requeue_soon()
+        else:
+            self.rates.park(pending, limited, began)
         self.dispatch()
 
     def _park(self, pending: Pending[Delivery], capped: Capped) -> None:
@@ -271,7 +325,12 @@ class Intake:
         """Deliveries held here unclaimed, per (lane, tenant): in the scheduler or the cap
         gate, unacked and so in no queue's ready count (reconcile.py subtracts them)."""
         held: dict[tuple[str, str], int] = {}
-        for pending in itertools.chain(self.scheduler.items(), self.caps.held_items()):
+        seen: set[int] = set()  # a claim in flight for a cap and a rate is in both gates
+        gates = itertools.chain(self.caps.held_items(), self.rates.held_items())
+        for pending in itertools.chain(self.scheduler.items(), gates):
+            if id(pending) in seen:
+                continue
+            seen.add(id(pending))
             env = pending.payload.envelope
             key = (env.queue, env.tenant)
             held[key] = held.get(key, 0) + 1
@@ -288,6 +347,7 @@ class Intake:
         cutoff = time.monotonic() - self.hold_limit
         stale = self.scheduler.remove_where(lambda p: p.enqueued_at < cutoff)
         stale.extend(self.caps.remove_held_where(lambda p: p.enqueued_at < cutoff))
+        stale.extend(self.rates.remove_held_where(lambda p: p.enqueued_at < cutoff))
         for pending in stale:
             self.metrics.held_requeued.inc()
             await pending.payload.message.requeue()
@@ -299,5 +359,17 @@ class Intake:
         """The drain: every delivery that waits here goes back to the broker."""
         waiting = self.scheduler.drain()
         waiting.extend(self.caps.drain())
+        waiting.extend(self.rates.drain())
         for pending in waiting:
             await pending.payload.message.requeue()
+
+
+def _rate(per_second: float | None, burst: int | None) -> Rate | None:
+    """A tenant's or type's stored rate limit, with the default burst when none is set."""
+    if per_second is None:
+        return None
+    return Rate(per_second, burst if burst is not None else default_burst(per_second))
+
+
+def _shown(rates: dict[str, Rate | None]) -> dict[str, str]:
+    return {name: str(rate) for name, rate in rates.items() if rate is not None}

@@ -34,6 +34,7 @@ from coldbrew.errors import ContractViolation, JobCancelled, JobTimeout, Unstora
 from coldbrew.jobstate import Delivery, InFlight, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
 from coldbrew.procpool import ProcessPool
+from coldbrew.rates import Bucket, RateLimited, claim_limited, claim_one_token
 from coldbrew.settings import Settings
 from coldbrew.store import Admission, ClaimRequest, ClaimResult, JobStore, Outcome, UniqueKey
 from coldbrew.transport import Broker
@@ -43,7 +44,13 @@ from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.recorder import OutcomeWriter
 
 log = structlog.get_logger("coldbrew.runner")
-C = TypeVar("C", ClaimResult, ClaimResult | Capped, Admission)
+C = TypeVar(
+    "C",
+    ClaimResult,
+    ClaimResult | Capped | RateLimited,
+    ClaimResult | RateLimited,
+    Admission,
+)
 
 
 class JobRunner:
@@ -102,13 +109,30 @@ class JobRunner:
         if claim is not None:
             await self.run_claimed(delivery, claim)
 
-    async def claim_capped(self, delivery: Delivery) -> ClaimResult | Capped | None:
+    async def claim_capped(self, delivery: Delivery) -> ClaimResult | Capped | RateLimited | None:
         """The claim of a job whose tenant or type has a fleet-wide cap (caps/claim.py):
         ``Capped`` when the cap left no room; the caller holds the delivery then."""
+        return await self.claim_gated(delivery, capped=True, buckets=())
+
+    async def claim_gated(
+        self, delivery: Delivery, *, capped: bool, buckets: tuple[Bucket, ...]
+    ) -> ClaimResult | Capped | RateLimited | None:
+        """The claim of a job with a fleet-wide cap (``capped``: caps/claim.py) or rate
+        limits (``buckets``: rates/claim.py), or both: ``Capped`` when a cap left no room,
+        ``RateLimited`` when a bucket had no token; the caller holds the delivery then."""
         request = self._claim_request(delivery)
         if not await self._admitted(delivery, request):
             return None
-        return await self._claim(delivery, lambda: claim_capped(self.store.caps, request))
+        if capped:
+            return await self._claim(
+                delivery, lambda: claim_capped(self.store.caps, request, buckets)
+            )
+        if len(buckets) == 1:
+            bucket = buckets[0]
+            return await self._claim(
+                delivery, lambda: claim_one_token(self.store.caps, request, bucket)
+            )
+        return await self._claim(delivery, lambda: claim_limited(self.store.caps, request, buckets))
 
     async def _admitted(self, delivery: Delivery, request: ClaimRequest) -> bool:
         """Whether to claim the delivery: a job of a unique type whose row a raw producer
