@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -24,6 +24,7 @@ from coldbrew.model import (
     JobRecord,
     Status,
     check_job_id,
+    check_schedule,
     check_submission,
     job_id_for_key,
     new_job_id,
@@ -86,8 +87,16 @@ class Client:
         job_id: str | None = None,
         max_attempts: int | None = None,
         timeout: float | None = None,
+        run_at: datetime | None = None,
+        delay: float | timedelta | None = None,
     ) -> JobRecord:
-        """Submit a job and return its record; the same idempotency key returns the same job."""
+        """Submit a job and return its record; the same idempotency key returns the same job.
+
+        ``run_at`` (a timezone-aware datetime) or ``delay`` (seconds, or a
+        ``timedelta``, from when PostgreSQL records the job) schedules it: the
+        job is ``scheduled`` until then and the relay publishes it at its
+        time. A time in the past, or a delay of 0, runs it now.
+        """
         request = self._request(
             type,
             dict(args or {}),
@@ -99,10 +108,13 @@ class Client:
             max_attempts,
             timeout,
         )
+        request.run_at, request.delay = check_schedule(run_at, delay, now=datetime.now(UTC))
         record, mark = await self.store.jobs.insert_job(
             request, relay_grace=self.settings.relay_grace_seconds
         )
-        if mark is not None:  # a new job (an existing one keeps its own publishing)
+        # a new queued job (an existing one keeps its own publishing; a scheduled one has no
+        # message until the relay publishes it at its run_at)
+        if mark is not None and record.status is Status.QUEUED:
             await self._publish(request, mark)
         return record
 
@@ -182,7 +194,8 @@ class Client:
             delay = min(delay * 2, poll)
 
     async def cancel(self, job_id: str, reason: str = "cancelled by request") -> JobRecord:
-        """Cancel a waiting job at once; a running one is stopped within one heartbeat."""
+        """Cancel a waiting (queued, retrying or scheduled) job at once; a running one is
+        stopped within one heartbeat."""
         check_job_id(job_id)
         if (problem := storable.text_problem(reason)) is not None or len(reason) > MAX_REASON:
             problem = problem or f"is {len(reason)} characters long; the limit is {MAX_REASON}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from coldbrew.durations import MAX_SCHEDULE_SECONDS
 from coldbrew.model import MAX_PRIORITY, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS
 
 
@@ -66,7 +67,16 @@ _STATUS_SCHEMA: dict[str, Any] = {
         "queue": {"type": "string"},
         "tenant": {"type": "string"},
         "status": {
-            "enum": ["queued", "running", "retrying", "succeeded", "failed", "dead", "cancelled"]
+            "enum": [
+                "queued",
+                "running",
+                "retrying",
+                "succeeded",
+                "failed",
+                "dead",
+                "cancelled",
+                "scheduled",
+            ]
         },
         "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY},
         "attempt": {"type": "integer"},
@@ -83,6 +93,7 @@ _STATUS_SCHEMA: dict[str, Any] = {
         "finished_at": {"type": ["string", "null"], "format": "date-time"},
         "run_at": {"type": "string", "format": "date-time"},
         "cancel_requested": {"type": "boolean"},
+        "snoozes": {"type": "integer", "minimum": 0, "description": "times the job snoozed"},
     },
 }
 
@@ -103,6 +114,17 @@ _SUBMIT_SCHEMA: dict[str, Any] = {
             "type": "number",
             "minimum": MIN_TIMEOUT_SECONDS,
             "exclusiveMaximum": MAX_TIMEOUT_SECONDS,
+        },
+        "run_at": {
+            "type": "string",
+            "format": "date-time",
+            "description": "run at this time (ISO 8601 with its offset); not with delay_seconds",
+        },
+        "delay_seconds": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": MAX_SCHEDULE_SECONDS,
+            "description": "run after this many seconds; not with run_at",
         },
     },
 }
@@ -132,6 +154,7 @@ _LANE_SCHEMA: dict[str, Any] = {
         "queued": {"type": "integer"},
         "running": {"type": "integer"},
         "retrying": {"type": "integer"},
+        "scheduled": {"type": "integer", "description": "waiting for run_at: not in depth"},
         "dead": {"type": "integer"},
         "failed": {"type": "integer"},
         "oldest_waiting_seconds": {"type": "number"},

@@ -75,6 +75,8 @@ async def submit_job(request: Request) -> Response:
         idempotency_key=_idempotency_key(request),
         max_attempts=body.max_attempts,
         timeout=body.timeout_seconds,
+        run_at=body.schedule(),
+        delay=body.delay_seconds,
     )
     if state.on_submitted is not None:
         state.on_submitted(record)

@@ -8,12 +8,14 @@ refuse, ``Client.submit`` refuses with the worker's code (``check_submission``).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coldbrew.api.errors import ApiError
 from coldbrew.app import JOB_TYPE_RE
+from coldbrew.durations import MAX_SCHEDULE_SECONDS, DurationError, parse_instant
 from coldbrew.model import (
     MAX_ATTEMPTS,
     MAX_PRIORITY,
@@ -39,6 +41,22 @@ class SubmitBody(BaseModel):
     timeout_seconds: Annotated[
         float | None, Field(ge=MIN_TIMEOUT_SECONDS, lt=MAX_TIMEOUT_SECONDS)
     ] = None
+    # scheduled jobs: one of them; run_at is ISO 8601 with its offset, read by durations.py
+    # (routes.py), and both, a naive time or one too far ahead are refused by Client.submit
+    run_at: str | None = None
+    delay_seconds: Annotated[
+        float | None, Field(ge=0, le=MAX_SCHEDULE_SECONDS, allow_inf_nan=False)
+    ] = None
+
+    def schedule(self) -> datetime | None:
+        """``run_at`` as an aware datetime; a 422 ``bad_run_at`` when it is not ISO 8601
+        with an offset."""
+        if self.run_at is None:
+            return None
+        try:
+            return parse_instant(self.run_at)
+        except DurationError as exc:
+            raise ApiError(422, "bad_run_at", f"run_at: {exc}") from None
 
 
 def parse_submit(body: bytes) -> SubmitBody:

@@ -117,7 +117,7 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
 def _print_stats_table(table: list[tuple[Any, int, float | None, float | None]]) -> None:
     header = (
         f"{'queue':<12} {'tenant':<20} {'queued':>7} {'running':>7} {'retrying':>8} "
-        f"{'dead':>5} {'failed':>6} {'oldest':>9} {'drain/s':>8} {'est. wait':>9}"
+        f"{'scheduled':>9} {'dead':>5} {'failed':>6} {'oldest':>9} {'drain/s':>8} {'est. wait':>9}"
     )
     print(header)
     for row, _depth, rate, wait in table:
@@ -125,7 +125,8 @@ def _print_stats_table(table: list[tuple[Any, int, float | None, float | None]])
         wait_text = "-" if wait is None else ("never" if math.isinf(wait) else f"{wait:.1f}s")
         print(
             f"{row.queue:<12} {row.tenant:<20} {row.queued:>7} {row.running:>7} "
-            f"{row.retrying:>8} {row.dead:>5} {row.failed:>6} {row.oldest_waiting_seconds:>8.1f}s "
+            f"{row.retrying:>8} {row.scheduled:>9} {row.dead:>5} {row.failed:>6} "
+            f"{row.oldest_waiting_seconds:>8.1f}s "
             f"{rate_text:>8} {wait_text:>9}"
         )
 

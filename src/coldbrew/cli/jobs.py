@@ -6,6 +6,7 @@ import argparse
 import gc
 import json
 import sys
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from coldbrew.cli.common import (
@@ -44,11 +45,16 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     submit.add_argument("--app", metavar="MODULE:APP", help="validate args and pick the lane")
     submit.add_argument("--wait", action="store_true", help="wait for a terminal status")
     submit.add_argument("--timeout", type=float, default=300.0, help="how long --wait waits")
+    when = submit.add_mutually_exclusive_group()
+    when.add_argument(
+        "--at", metavar="ISO8601", help="run at this time, with its offset (2026-12-01T20:00:00Z)"
+    )
+    when.add_argument("--delay", metavar="DURATION", help="run after this long: 90s, 15m, 2h, 1d")
 
     status = sub.add_parser("status", help="print a job's status JSON")
     status.add_argument("job_id")
 
-    cancel = sub.add_parser("cancel", help="cancel a queued or running job")
+    cancel = sub.add_parser("cancel", help="cancel a queued, scheduled or running job")
     cancel.add_argument("job_id")
     cancel.add_argument("--reason", default="cancelled from the command line")
 
@@ -87,6 +93,7 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigurationError(f"--args is not JSON: {exc}") from None
     if not isinstance(job_args, dict):
         raise ConfigurationError("--args must be a JSON object")
+    run_at, delay = _schedule_flags(args)
     app = load_app(args.app) if args.app else None
     async with Client.connect(settings, app=app) as client:
         record = await client.submit(
@@ -97,12 +104,27 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
             priority=args.priority,
             idempotency_key=args.idempotency_key,
             max_attempts=args.max_attempts,
+            run_at=run_at,
+            delay=delay,
         )
         if args.wait:
             record = await client.wait(record.id, timeout=args.timeout)
         print_json(record.to_status_json())
         failed = args.wait and record.status.value != "succeeded"
         return EXIT_FAILED if failed else EXIT_OK
+
+
+def _schedule_flags(args: argparse.Namespace) -> tuple[datetime | None, float | None]:
+    """``--at`` / ``--delay`` read with the one parser (durations.py); bad text: exit 2."""
+    from coldbrew.durations import DurationError, parse_duration, parse_instant
+
+    try:
+        run_at = parse_instant(args.at) if args.at is not None else None
+        delay = parse_duration(args.delay) if args.delay is not None else None
+    except DurationError as exc:
+        flag = "--at" if args.at is not None else "--delay"
+        raise ConfigurationError(f"{flag}: {exc}") from None
+    return run_at, delay
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:

@@ -1,0 +1,43 @@
+"""Job types of the scheduled-jobs and snooze tests (tests/integration/test_scheduled.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coldbrew import App, Context, Snooze
+
+app = App()
+
+SNOOZE_SECONDS = 0.3
+
+
+@app.job()
+async def noop(ctx: Context) -> None:
+    """Does nothing: when it starts is what the tests look at."""
+
+
+@app.job(max_attempts=1)
+async def snooze_twice(ctx: Context) -> dict[str, int]:
+    """Snoozes on its first two runs (raising, then returning a Snooze), then succeeds; with
+    one attempt allowed, it succeeds only if a snooze spends none."""
+    if ctx.attempt == 1:
+        raise Snooze(SNOOZE_SECONDS)
+    if ctx.attempt == 2:
+        return Snooze(SNOOZE_SECONDS)  # type: ignore[return-value]
+    return {"attempt": ctx.attempt}
+
+
+@app.job(max_attempts=1)
+def snooze_twice_in_pool(ctx: Any) -> dict[str, int]:
+    """``snooze_twice`` in the process pool: the Snooze crosses the child's pipe."""
+    if ctx.attempt == 1:
+        raise Snooze(SNOOZE_SECONDS)
+    if ctx.attempt == 2:
+        return Snooze(SNOOZE_SECONDS)  # type: ignore[return-value]
+    return {"attempt": ctx.attempt}
+
+
+@app.job(max_attempts=1, max_wall_seconds=1.0)
+async def snooze_forever(ctx: Context) -> None:
+    """Snoozes every time: max_wall_seconds must end it."""
+    raise Snooze(SNOOZE_SECONDS)
