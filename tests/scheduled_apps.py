@@ -7,6 +7,8 @@ from typing import Any
 from coldbrew import App, Context, Snooze
 
 app = App()
+pool_app = App()
+"""The process-pool job, apart: a worker of ``app`` then needs no pool (faster to start)."""
 
 SNOOZE_SECONDS = 0.3
 
@@ -27,7 +29,7 @@ async def snooze_twice(ctx: Context) -> dict[str, int]:
     return {"attempt": ctx.attempt}
 
 
-@app.job(max_attempts=1)
+@pool_app.job(max_attempts=1)
 def snooze_twice_in_pool(ctx: Any) -> dict[str, int]:
     """``snooze_twice`` in the process pool: the Snooze crosses the child's pipe."""
     if ctx.attempt == 1:

@@ -59,7 +59,7 @@ async def test_client_run_at_and_delay(
     start_worker: WorkerFactory, sclient: Client, app: Any
 ) -> None:
     """run_at and delay make the job scheduled, then it runs on time, once."""
-    await start_worker(app)
+    await start_worker(app, processes=0)
     run_at = datetime.now(UTC) + timedelta(seconds=1.2)
     by_time = await sclient.submit("noop", run_at=run_at)
     by_delay = await sclient.submit("noop", delay=timedelta(seconds=1))
@@ -104,7 +104,7 @@ async def test_http_run_at_and_delay_seconds(
     start_worker: WorkerFactory, sclient: Client, app: Any
 ) -> None:
     """POST /jobs takes run_at (ISO 8601) or delay_seconds; bad ones are a 422 saying why."""
-    await start_worker(app)
+    await start_worker(app, processes=0)
     run_at = datetime.now(UTC) + timedelta(seconds=1)
     async with api_client(sclient) as http:
         at = await http.post("/jobs", json={"type": "noop", "run_at": run_at.isoformat()}, headers=ACME)
@@ -143,7 +143,7 @@ async def test_raw_headers_schedule_the_job(
 ) -> None:
     """A producer's x-run-at / x-delay-seconds: the worker records the row as scheduled and
     acks; the relay publishes it at its time and it runs once."""
-    worker = await start_worker(app)
+    worker = await start_worker(app, processes=0)
     run_at = datetime.now(UTC) + timedelta(seconds=1.2)
     body = json.dumps({"type": "noop"}).encode()
     await publish_raw(
@@ -180,7 +180,7 @@ async def test_raw_bad_schedule_headers_are_dead_lettered(
     settings: Settings,
 ) -> None:
     """A bad x-run-at or x-delay-seconds goes to the rejected messages with its reason."""
-    await start_worker(app)
+    await start_worker(app, processes=0)
     body = json.dumps({"type": "noop"}).encode()
     cases = [
         ({"x-run-at": "next tuesday"}, "bad_run_at"),
@@ -215,7 +215,7 @@ async def test_cancel_scheduled_job_never_runs(
     start_worker: WorkerFactory, sclient: Client, app: Any
 ) -> None:
     """Client and HTTP cancels of a scheduled job: cancelled at once, never published."""
-    worker = await start_worker(app)
+    worker = await start_worker(app, processes=0)
     by_client = await sclient.submit("noop", delay=0.8)
     by_http = await sclient.submit("noop", tenant="acme", delay=0.8)
     cancelled = await sclient.cancel(by_client.id, "not needed")
@@ -240,7 +240,7 @@ async def test_stats_count_scheduled_apart(
     start_worker: WorkerFactory, sclient: Client, app: Any, settings: Settings
 ) -> None:
     """A job due in an hour is scheduled, not queued: not depth, not oldest waiting age."""
-    worker = await start_worker(app, stats_interval_seconds=0.1)
+    worker = await start_worker(app, processes=0, stats_interval_seconds=0.1)
     await sclient.submit("noop", tenant="later", delay=3600)
     [row] = await sclient.store.stats.queue_stats("later")
     assert (row.scheduled, row.queued, row.retrying) == (1, 0, 0)
@@ -263,7 +263,7 @@ async def test_early_delivery_does_not_run_it_early(
 ) -> None:
     """A raw duplicate of a scheduled job, delivered before run_at, is acked and counted;
     the job still runs once, at its time."""
-    worker = await start_worker(app)
+    worker = await start_worker(app, processes=0)
     job_id = str(uuid.uuid4())
     record = await sclient.submit("noop", job_id=job_id, delay=1.5)
     body = json.dumps({"type": "noop"}).encode()
@@ -279,14 +279,27 @@ async def test_early_delivery_does_not_run_it_early(
     assert done.attempt == 1
 
 
-@pytest.mark.parametrize("job_type", ["snooze_twice", "snooze_twice_in_pool"])
 async def test_snooze_spends_no_attempt(
-    start_worker: WorkerFactory, sclient: Client, app: Any, job_type: str
+    start_worker: WorkerFactory, sclient: Client, app: Any
 ) -> None:
     """Two snoozes (raised, then returned) and a success, with max_attempts=1."""
-    worker = await start_worker(app)
-    job = await sclient.submit(job_type)
-    done = await finished(sclient, job.id)
+    worker = await start_worker(app, processes=0)
+    await snoozes_twice(worker, sclient, "snooze_twice")
+
+
+async def test_snooze_from_the_process_pool(
+    start_worker: WorkerFactory, settings: Settings
+) -> None:
+    """The same from a pool child: the Snooze crosses its pipe, raised or returned."""
+    pool_app = load_app("tests.scheduled_apps:pool_app")
+    worker = await start_worker(pool_app, processes=1)
+    async with Client.connect(settings, app=pool_app) as client:
+        await snoozes_twice(worker, client, "snooze_twice_in_pool")
+
+
+async def snoozes_twice(worker: Any, client: Client, job_type: str) -> None:
+    job = await client.submit(job_type)
+    done = await finished(client, job.id)
     assert done.status == "succeeded", done
     assert done.result == {"attempt": 3}
     assert (done.attempt, done.max_attempts, done.snoozes) == (3, 1, 2)
@@ -298,7 +311,7 @@ async def test_snooze_is_bounded_by_max_wall_seconds(
     start_worker: WorkerFactory, sclient: Client, app: Any
 ) -> None:
     """A job that keeps snoozing ends dead once another snooze would pass max_wall_seconds."""
-    await start_worker(app)
+    await start_worker(app, processes=0)
     job = await sclient.submit("snooze_forever")
     done = await finished(sclient, job.id)
     assert done.status == "dead"
