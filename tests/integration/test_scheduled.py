@@ -17,7 +17,6 @@ from typing import Any
 
 import aio_pika
 import asyncpg
-import httpx
 import pytest
 
 from coldbrew.app import load_app
@@ -107,7 +106,8 @@ async def test_http_run_at_and_delay_seconds(
     await start_worker(app, processes=0)
     run_at = datetime.now(UTC) + timedelta(seconds=1)
     async with api_client(sclient) as http:
-        at = await http.post("/jobs", json={"type": "noop", "run_at": run_at.isoformat()}, headers=ACME)
+        body = {"type": "noop", "run_at": run_at.isoformat()}
+        at = await http.post("/jobs", json=body, headers=ACME)
         later = await http.post("/jobs", json={"type": "noop", "delay_seconds": 1}, headers=ACME)
         assert at.status_code == later.status_code == 202, (at.text, later.text)
         assert at.json()["status"] == later.json()["status"] == "scheduled"
@@ -197,7 +197,8 @@ async def test_raw_bad_schedule_headers_are_dead_lettered(
         )  # fmt: skip
 
     async def rejected() -> dict[str, str]:
-        conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": settings.namespace})
+        search = {"search_path": settings.namespace}
+        conn = await asyncpg.connect(DATABASE_URL, server_settings=search)
         try:
             rows = await conn.fetch("SELECT message_id, reason FROM rejected_messages")
         finally:
