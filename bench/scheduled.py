@@ -32,6 +32,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 import asyncpg
 from bench._common import drop_namespace, progress, worker_process
 from bench.throughput import Config

@@ -320,3 +320,20 @@ async def test_snooze_is_bounded_by_max_wall_seconds(
     assert done.error_kind == "snoozed"
     assert "max_wall_seconds" in (done.error_message or "")
     assert done.snoozes >= 2  # 0.3 s snoozes within a 1 s wall
+
+
+async def test_a_relay_that_dies_before_the_confirm_loses_nothing(sclient: Client) -> None:
+    """The statement that takes a due scheduled row turns it queued and pushes its mark
+    ahead: a relay that dies before publishing leaves a row the next pass takes again."""
+    job = await sclient.submit("noop", delay=0.2)
+    outbox = sclient.store.outbox
+    assert await outbox.take_due_publishes(10, 0.5) == []  # not due yet
+    await wait_until(lambda: past(job.run_at), timeout=5)
+    [taken] = await outbox.take_due_publishes(10, 0.5)
+    assert (taken.id, taken.was) == (job.id, "scheduled")
+    assert (await sclient.get(job.id)).status == "queued"
+    # ... the relay dies here, before the broker confirmed anything
+    assert await outbox.take_due_publishes(10, 0.5) == []  # its mark is pushed ahead
+    await wait_until(lambda: past(taken.publish_after), timeout=5)
+    [again] = await outbox.take_due_publishes(10, 0.5)
+    assert (again.id, again.was) == (job.id, "queued")
