@@ -113,7 +113,9 @@ async def precision(args: argparse.Namespace, cfg: Config, namespace: str) -> di
                 await asyncio.sleep(0.2)
             rows = await conn.fetch(
                 f"SELECT extract(epoch FROM started_at - run_at)::float8 AS late,"
-                f" extract(epoch FROM finished_at - run_at)::float8 AS done"
+                f" extract(epoch FROM finished_at - run_at)::float8 AS done,"
+                f" extract(epoch FROM finished_at)::float8 AS finished_epoch,"
+                f" extract(epoch FROM started_at)::float8 AS started_epoch"
                 f" FROM {table}"
             )
         finally:
@@ -128,6 +130,15 @@ async def precision(args: argparse.Namespace, cfg: Config, namespace: str) -> di
         "late_p99": round(percentile(late, 0.99), 3),
         "late_max": round(max(late), 3),
         "last_finished_after": round(max(row["done"] for row in rows), 3),
+        # the drain rate meanwhile: how fast this machine ran them, once they were due
+        "jobs_per_second": round(
+            len(rows)
+            / max(
+                1e-9,
+                max(r["finished_epoch"] for r in rows) - min(r["started_epoch"] for r in rows),
+            ),
+            1,
+        ),
     }
 
 
@@ -213,6 +224,7 @@ def report(result: dict[str, Any]) -> None:
         f"p99 {p['late_p99']} s, max {p['late_max']} s"
     )
     print(f"  last one finished {p['last_finished_after']} s after run_at")
+    print(f"  drain rate once due: {p['jobs_per_second']} jobs/s")
     r = result["relay"]
     for case in ("empty", "with_future_rows"):
         t = r[case]
