@@ -22,21 +22,21 @@ async def noop(ctx: Context) -> None:
 async def snooze_twice(ctx: Context) -> dict[str, int]:
     """Snoozes on its first two runs (raising, then returning a Snooze), then succeeds; with
     one attempt allowed, it succeeds only if a snooze spends none."""
-    if ctx.attempt == 1:
+    if ctx.snoozes == 0:
         raise Snooze(SNOOZE_SECONDS)
-    if ctx.attempt == 2:
+    if ctx.snoozes == 1:
         return Snooze(SNOOZE_SECONDS)  # type: ignore[return-value]
-    return {"attempt": ctx.attempt}
+    return {"attempt": ctx.attempt, "snoozes": ctx.snoozes}
 
 
 @pool_app.job(max_attempts=1)
 def snooze_twice_in_pool(ctx: Any) -> dict[str, int]:
     """``snooze_twice`` in the process pool: the Snooze crosses the child's pipe."""
-    if ctx.attempt == 1:
+    if ctx.snoozes == 0:
         raise Snooze(SNOOZE_SECONDS)
-    if ctx.attempt == 2:
+    if ctx.snoozes == 1:
         return Snooze(SNOOZE_SECONDS)  # type: ignore[return-value]
-    return {"attempt": ctx.attempt}
+    return {"attempt": ctx.attempt, "snoozes": ctx.snoozes}
 
 
 @app.job(max_attempts=1, max_wall_seconds=1.0)

@@ -302,7 +302,7 @@ async def snoozes_twice(worker: Any, client: Client, job_type: str) -> None:
     job = await client.submit(job_type)
     done = await finished(client, job.id)
     assert done.status == "succeeded", done
-    assert done.result == {"attempt": 3}
+    assert done.result == {"attempt": 3, "snoozes": 2}
     assert (done.attempt, done.max_attempts, done.snoozes) == (3, 1, 2)
     assert done.to_status_json()["snoozes"] == 2
     assert metric(worker, "coldbrew_jobs_snoozed_total", type=job_type) == 2

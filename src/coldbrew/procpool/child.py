@@ -85,6 +85,7 @@ class ProcessContext:
         self.tenant: str = info.get("tenant", "default")
         self.queue: str = info.get("queue", "default")
         self.max_attempts: int | None = info.get("max_attempts")
+        self.snoozes: int = info.get("snoozes", 0)
         self.checkpoint_state: Any = info.get("checkpoint")
         self.log: Any = structlog.get_logger("coldbrew.job").bind(
             job_id=self.job_id, type=self.type, attempt=self.attempt, tenant=self.tenant

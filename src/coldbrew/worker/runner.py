@@ -211,6 +211,7 @@ class JobRunner:
             store=self.store,
             on_progress=state.report_progress,
             breakers=self.breakers,
+            snoozes=claim.snoozes,
         )
         try:
             if spec.is_coroutine:
@@ -264,6 +265,7 @@ class JobRunner:
             "queue": ctx.queue,
             "max_attempts": claim.max_attempts,
             "checkpoint": claim.checkpoint,
+            "snoozes": claim.snoozes,
         }
         return await self.pool.run(ctx.type, state.delivery.args, info, ctx, timeout=timeout)
 
