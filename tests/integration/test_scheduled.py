@@ -266,7 +266,7 @@ async def test_early_delivery_does_not_run_it_early(
     the job still runs once, at its time."""
     worker = await start_worker(app, processes=0)
     job_id = str(uuid.uuid4())
-    record = await sclient.submit("noop", job_id=job_id, delay=1.5)
+    record = await sclient.submit("noop", job_id=job_id, delay=2.5)
     body = json.dumps({"type": "noop"}).encode()
     await publish_raw(amqp, settings.namespace, body, "default.default", message_id=job_id)
 
@@ -325,15 +325,16 @@ async def test_snooze_is_bounded_by_max_wall_seconds(
 async def test_a_relay_that_dies_before_the_confirm_loses_nothing(sclient: Client) -> None:
     """The statement that takes a due scheduled row turns it queued and pushes its mark
     ahead: a relay that dies before publishing leaves a row the next pass takes again."""
-    job = await sclient.submit("noop", delay=0.2)
+    job = await sclient.submit("noop", delay=1.5)  # room for a busy machine
     outbox = sclient.store.outbox
-    assert await outbox.take_due_publishes(10, 0.5) == []  # not due yet
+    RETRY_AFTER = 1.5  # noqa: N806 - the relay's retry_after, in seconds
+    assert await outbox.take_due_publishes(10, RETRY_AFTER) == []  # not due yet
     await wait_until(lambda: past(job.run_at), timeout=5)
-    [taken] = await outbox.take_due_publishes(10, 0.5)
+    [taken] = await outbox.take_due_publishes(10, RETRY_AFTER)
     assert (taken.id, taken.was) == (job.id, "scheduled")
     assert (await sclient.get(job.id)).status == "queued"
     # ... the relay dies here, before the broker confirmed anything
-    assert await outbox.take_due_publishes(10, 0.5) == []  # its mark is pushed ahead
+    assert await outbox.take_due_publishes(10, RETRY_AFTER) == []  # its mark is pushed ahead
     await wait_until(lambda: past(taken.publish_after), timeout=5)
-    [again] = await outbox.take_due_publishes(10, 0.5)
+    [again] = await outbox.take_due_publishes(10, RETRY_AFTER)
     assert (again.id, again.was) == (job.id, "queued")
