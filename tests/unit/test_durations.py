@@ -1,4 +1,5 @@
-"""The duration and instant parsers, the schedule checks, the x-run-at headers, Snooze."""
+"""The duration and instant parsers, the schedule checks, the x-run-at headers, Snooze and
+what a snooze writes."""
 
 from __future__ import annotations
 
@@ -144,3 +145,43 @@ def test_snooze_checks_its_seconds_and_survives_pickling() -> None:
     assert isinstance(copy, Snooze) and copy.seconds == 2.5
     crossed = outcome_error(("snooze", 2.5))
     assert isinstance(crossed, Snooze) and crossed.seconds == 2.5
+
+
+# --- what a snooze writes (worker/outcomes.py) ----------------------------------------
+
+
+def snooze_outcome(seconds: float, *, wall: float | None, ran_for: float, snoozes: int = 0):  # type: ignore[no-untyped-def]
+    from coldbrew.app import App
+    from coldbrew.jobstate import Delivery, JobState
+    from coldbrew.store import ClaimResult
+    from coldbrew.worker import outcomes
+
+    app = App()
+
+    @app.job(max_attempts=1, max_wall_seconds=wall)
+    async def sleepy(ctx: object) -> None: ...
+
+    spec = app.get("sleepy")
+    delivery = Delivery(None, envelope({}), spec, {})  # type: ignore[arg-type]
+    state = JobState("j1", 3, delivery, 0.0)
+    started = NOW - timedelta(seconds=ran_for)
+    claim = ClaimResult("j1", True, "running", 3, 1, None, None, started, snoozes=snoozes)
+    return outcomes.snoozed(state, claim, Snooze(seconds), now=NOW)
+
+
+def test_a_snooze_is_scheduled_after_its_seconds() -> None:
+    outcome = snooze_outcome(30, wall=None, ran_for=5)
+    assert (outcome.status, outcome.delay, outcome.attempt) == ("scheduled", 30.0, 3)
+
+
+def test_a_snooze_past_max_wall_seconds_is_dead() -> None:
+    assert snooze_outcome(30, wall=60, ran_for=20).status == "scheduled"
+    dead = snooze_outcome(30, wall=60, ran_for=40, snoozes=2)
+    assert (dead.status, dead.dead_reason) == ("dead", "max_wall_seconds")
+    assert dead.error_kind == "snoozed"
+    assert "after 2 snoozes" in (dead.error_message or "")
+
+
+def test_a_snooze_past_ten_years_fails() -> None:
+    failed = snooze_outcome(MAX_SCHEDULE_SECONDS + 1, wall=None, ran_for=0)
+    assert (failed.status, failed.error_kind) == ("failed", "invalid_snooze")
