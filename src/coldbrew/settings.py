@@ -171,6 +171,11 @@ class Settings(BaseSettings):
     webhook_max_attempts: Annotated[int, Field(ge=1, le=100)] = 8
     webhook_timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
 
+    # --- scheduled jobs (worker/relay.py) ---
+    # Rows the relay publishes per pass (it passes again at once while they are full):
+    # a larger batch turns a burst of jobs due in the same second into fewer round trips.
+    relay_batch: Annotated[int, Field(ge=1, le=100_000)] = 500
+
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
