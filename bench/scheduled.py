@@ -58,6 +58,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs due in the same second")
     parser.add_argument("--lead", type=float, default=20.0, help="seconds ahead they are due")
     parser.add_argument("--concurrency", type=int, default=200, help="COLDBREW_CONCURRENCY")
+    parser.add_argument("--relay-batch", type=int, default=500, help="COLDBREW_RELAY_BATCH")
     parser.add_argument("--future", type=int, default=100_000, help="rows due over the next day")
     parser.add_argument("--ticks", type=int, default=300, help="relay ticks timed per case")
     parser.add_argument("--json", action="store_true")
@@ -91,7 +92,7 @@ async def schedule(store: JobStore, count: int, run_at: datetime) -> float:
 
 
 async def precision(args: argparse.Namespace, cfg: Config, namespace: str) -> dict[str, Any]:
-    env = {"COLDBREW_LOG_LEVEL": "warning"}
+    env = {"COLDBREW_LOG_LEVEL": "warning", "COLDBREW_RELAY_BATCH": str(args.relay_batch)}
     async with (
         worker_process(cfg, namespace, "scheduled", extra_env=env),
         JobStore.open(args.database_url, namespace, pool_size=8) as store,
