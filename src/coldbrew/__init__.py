@@ -15,6 +15,7 @@ from coldbrew.errors import (
     Permanent,
     Retry,
     ServiceUnavailable,
+    Snooze,
 )
 from coldbrew.model import JobRecord, Status
 from coldbrew.settings import Settings
@@ -35,6 +36,7 @@ __all__ = [
     "Retry",
     "ServiceUnavailable",
     "Settings",
+    "Snooze",
     "Status",
 ]
 

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -26,6 +26,7 @@ from coldbrew.model import (
     JobRecord,
     Status,
     check_job_id,
+    check_schedule,
     check_submission,
     job_id_for_key,
     new_job_id,
@@ -112,8 +113,15 @@ class Client:
         unique_by: tuple[str, ...] | str | None = None,
         unique_states: tuple[str, ...] | str | None = None,
         unique_keys: tuple[str, ...] | str | None = None,
+        run_at: datetime | None = None,
+        delay: float | timedelta | None = None,
     ) -> JobRecord:
         """Submit a job and return its record; the same idempotency key returns the same job.
+
+        ``run_at`` (a timezone-aware datetime) or ``delay`` (seconds, or a
+        ``timedelta``, from when PostgreSQL records the job) schedules it: the
+        job is ``scheduled`` until then and the relay publishes it at its
+        time. A time in the past, or a delay of 0, runs it now.
 
         ``unique_for`` and its companions (README "Unique jobs") override the type's
         ``@app.job(unique_for=...)`` for this submission: while a job with the same key
@@ -134,6 +142,11 @@ class Client:
             )
         except UniqueError as exc:
             raise InvalidRequest("invalid_unique", str(exc)) from None
+        scheduled_at, scheduled_delay = check_schedule(run_at, delay, now=datetime.now(UTC))
+        if opts is not None and (scheduled_at is not None or scheduled_delay is not None):
+            raise InvalidRequest(
+                "invalid_unique", "a unique job cannot be scheduled (run_at, delay) yet"
+            )
         registered = None if self.app is not None else await self.registered_type(type)
         request = self._request(
             type,
@@ -149,10 +162,13 @@ class Client:
         )
         if opts is not None:
             return await self._submit_unique(request, opts)
+        request.run_at, request.delay = scheduled_at, scheduled_delay
         record, mark = await self.store.jobs.insert_job(
             request, relay_grace=self.settings.relay_grace_seconds
         )
-        if mark is not None:  # a new job (an existing one keeps its own publishing)
+        # a new queued job (an existing one keeps its own publishing; a scheduled one has no
+        # message until the relay publishes it at its run_at)
+        if mark is not None and record.status is Status.QUEUED:
             await self._publish(request, mark)
         return record
 
@@ -284,7 +300,8 @@ class Client:
             delay = min(delay * 2, poll)
 
     async def cancel(self, job_id: str, reason: str = "cancelled by request") -> JobRecord:
-        """Cancel a waiting job at once; a running one is stopped within one heartbeat."""
+        """Cancel a waiting (queued, retrying or scheduled) job at once; a running one is
+        stopped within one heartbeat."""
         check_job_id(job_id)
         if (problem := storable.text_problem(reason)) is not None or len(reason) > MAX_REASON:
             problem = problem or f"is {len(reason)} characters long; the limit is {MAX_REASON}"

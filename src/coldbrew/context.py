@@ -44,6 +44,7 @@ class Context:
         "job_id",
         "max_attempts",
         "queue",
+        "snoozes",
         "tenant",
         "type",
     )
@@ -61,6 +62,7 @@ class Context:
         store: JobStore,
         on_progress: Callable[[float | None, str | None], None],
         breakers: Breakers | None = None,
+        snoozes: int = 0,
     ) -> None:
         self.job_id = job_id
         self.type = type
@@ -68,6 +70,8 @@ class Context:
         self.tenant = tenant
         self.attempt = attempt
         self.max_attempts = max_attempts
+        # times the job snoozed so far; ``attempt`` counts those claims too (it fences writes)
+        self.snoozes = snoozes
         self.checkpoint_state = checkpoint_state
         self._store = store
         self._on_progress = on_progress

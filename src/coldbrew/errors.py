@@ -6,6 +6,9 @@ use it without an import cycle. Only the CLI maps these to exit codes.
 
 from __future__ import annotations
 
+import math
+from datetime import timedelta
+
 
 class ColdbrewError(Exception):
     """Base of every error coldbrew raises on purpose."""
@@ -177,6 +180,32 @@ class Retry(JobError):
     def __init__(self, message: str = "retry requested", *, delay: float | None = None) -> None:
         super().__init__(message)
         self.delay = delay
+
+
+class Snooze(JobError):
+    """Run this job again after ``seconds`` without spending an attempt (raise or return it).
+
+    Not a failure: the attempt's claim is given back (the row counts a snooze, and
+    its budget is ``attempt - snoozes``), the job waits as ``scheduled`` and the
+    relay publishes it when due. ``max_wall_seconds`` still bounds a job that keeps
+    snoozing. ``seconds`` is a finite number >= 0 or a ``timedelta``.
+    """
+
+    def __init__(self, seconds: float | timedelta = 0.0) -> None:
+        value = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ValueError(f"Snooze needs a finite number of seconds >= 0, not {seconds!r}")
+        super().__init__(f"snoozed for {value:g} s")
+        self.seconds = float(value)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # rebuilt from its seconds across the process pool's pipe (args holds the message)
+        return (Snooze, (self.seconds,))
 
 
 class JobTimeout(ColdbrewError):

@@ -45,6 +45,7 @@ __all__ = [
     "RECONCILE_RULES",
     "REDELIVERY_CAUSES",
     "RELAY_CAUSES",
+    "SCHEDULED_DELIVERIES",
     "WAITER_KINDS",
     "WEBHOOK_OUTCOMES",
     "ApiMetrics",
@@ -74,7 +75,9 @@ REDELIVERY_CAUSES: Final = (
     "lease_expired",
     "worker_lost",
 )
-RELAY_CAUSES: Final = ("submission", "retry", "lease_expired", "replay")
+RELAY_CAUSES: Final = ("submission", "retry", "lease_expired", "replay", "scheduled")
+SCHEDULED_DELIVERIES: Final = ("deferred", "early")
+"""What became of a delivery that asked for, or arrived before, its job's run_at."""
 RECONCILE_RULES: Final = ("count", "idle")
 BreakerState = Literal["closed", "half_open", "open"]
 BREAKER_STATES: Final[Mapping[BreakerState, int]] = MappingProxyType(
@@ -135,12 +138,33 @@ class Metrics:
         self._init_dead_letter_metrics(registry)
         init_build_info(registry)
         self._init_ratelimit_metrics(registry)
+        self._init_scheduled_metrics(registry)
         self._handles: dict[tuple[str, str], JobHandles] = {}
         # Known label values exist from the start, so rate() sees the first increment.
         for cause in REDELIVERY_CAUSES:
             self.redeliveries.labels(cause=cause)
         for cause in RELAY_CAUSES:
             self.relay_published.labels(cause=cause)
+        for outcome in SCHEDULED_DELIVERIES:
+            self.scheduled_deliveries.labels(outcome=outcome)
+
+    def _init_scheduled_metrics(self, reg: CollectorRegistry) -> None:
+        """Scheduled jobs and snoozes (the ``coldbrew_jobs_scheduled`` gauge is stats.py's)."""
+        self.jobs_snoozed = Counter(
+            "coldbrew_jobs_snoozed_total",
+            "Attempts that ended in a snooze (raise/return Snooze): scheduled again, no attempt "
+            "spent.",
+            ["type"],
+            registry=reg,
+        )
+        self.scheduled_deliveries = Counter(
+            "coldbrew_scheduled_deliveries_total",
+            "Deliveries about scheduled jobs, acked without running: deferred (a raw message "
+            "with x-run-at or x-delay-seconds, recorded as scheduled) or early (a delivery of a "
+            "scheduled job before its run_at).",
+            ["outcome"],
+            registry=reg,
+        )
 
     def _init_job_metrics(self, reg: CollectorRegistry) -> None:
         self.jobs_started = Counter(
@@ -286,6 +310,7 @@ class Metrics:
             ["type", "source"],
             registry=reg,
         )
+
     def _init_ratelimit_metrics(self, reg: CollectorRegistry) -> None:
         """Fleet-wide rate limits: claims that found no token, and the deliveries waiting."""
         self.rate_limited = Counter(

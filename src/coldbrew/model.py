@@ -18,10 +18,10 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from coldbrew import storable
+from coldbrew import durations, storable
 from coldbrew.app import JOB_TYPE_RE
 from coldbrew.errors import ContractViolation, InvalidRequest, UnstorableValue
 
@@ -49,6 +49,9 @@ class Status(enum.StrEnum):
     FAILED = "failed"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    SCHEDULED = "scheduled"
+    """Waiting for its ``run_at`` (``submit(run_at=, delay=)``, ``x-run-at``, a snooze):
+    not backlog, and its message does not exist until the relay publishes it."""
 
     @property
     def terminal(self) -> bool:
@@ -92,6 +95,10 @@ class JobFields:
     """None: not set by the producer (the defaults chain decides)."""
     timeout: float | None
     idempotency_key: str | None
+    run_at: datetime | None = None
+    """When the job is due (aware); None: now, or ``delay`` seconds from now."""
+    delay: float | None = None
+    """Seconds from the moment PostgreSQL records the job (its clock); None: no delay."""
 
     def resolved(self, registered: Registered | None, default_max_attempts: int) -> JobFields:
         """The defaults chain, written once: what the producer set (argument or header)
@@ -111,7 +118,14 @@ class JobFields:
             default_max_attempts if max_attempts is None else max_attempts,
             timeout,
             self.idempotency_key,
+            self.run_at,
+            self.delay,
         )
+
+    @property
+    def deferred(self) -> bool:
+        """Whether the producer asked for a later start (it may already be due)."""
+        return self.run_at is not None or self.delay is not None
 
 
 class Registered(Protocol):
@@ -158,6 +172,7 @@ def parse_envelope(
     key = _header_key(headers)
     job_id = _job_id(message_id, tenant, key)
     clamped = priority is not None and not 0 <= priority <= MAX_PRIORITY
+    run_at, delay = _header_schedule(headers)
     return Envelope(
         id=job_id,
         type=job_type,
@@ -168,6 +183,8 @@ def parse_envelope(
         idempotency_key=key,
         max_attempts=_header_int(headers, "x-max-attempts"),
         timeout=_header_float(headers, "x-timeout-seconds"),
+        run_at=run_at,
+        delay=delay,
         priority_clamped=clamped,
     )
 
@@ -413,6 +430,92 @@ def _check_timeout(value: object, name: str, reason: str) -> float:
     return float(value)
 
 
+# --- scheduled jobs: run_at / delay -------------------------------------------------
+
+
+def check_schedule(
+    run_at: object, delay: object, *, now: datetime
+) -> tuple[datetime | None, float | None]:
+    """A submitter's ``run_at`` (aware datetime) or ``delay`` (seconds or timedelta), checked;
+    ``InvalidRequest("bad_run_at" | "bad_delay")`` names what is wrong."""
+    try:
+        return _check_schedule(run_at, delay, now)
+    except ContractViolation as violation:
+        raise InvalidRequest(violation.reason, violation.detail) from None
+
+
+def _check_schedule(
+    run_at: object, delay: object, now: datetime
+) -> tuple[datetime | None, float | None]:
+    if run_at is not None and delay is not None:
+        raise ContractViolation("bad_run_at", "give run_at or delay, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise ContractViolation("bad_run_at", f"run_at must be a datetime, not {run_at!r}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise ContractViolation(
+                "bad_run_at",
+                f"run_at {run_at.isoformat()} is naive: give a timezone-aware datetime "
+                "(e.g. datetime.now(UTC) + timedelta(minutes=5))",
+            )
+        # no upper bound: an explicit instant is what the submitter means (a delay, where a
+        # unit mistake is likely, is capped at MAX_SCHEDULE_SECONDS)
+        return run_at, None
+    if delay is not None:
+        try:
+            seconds = durations.seconds_of(delay, "delay")
+        except durations.DurationError as exc:
+            raise ContractViolation("bad_delay", str(exc)) from None
+        if seconds > durations.MAX_SCHEDULE_SECONDS:
+            raise ContractViolation(
+                "bad_delay",
+                f"delay {seconds:g} s is more than "
+                f"{durations.MAX_SCHEDULE_SECONDS / 86400:.0f} days",
+            )
+        return None, seconds
+    return None, None
+
+
+def _header_schedule(headers: Mapping[str, Any]) -> tuple[datetime | None, float | None]:
+    """``x-run-at`` (ISO 8601 text, or an AMQP timestamp) or ``x-delay-seconds`` (a number,
+    or text like ``90`` or ``90s``); the clock is read only when one of them is there."""
+    raw_at, raw_delay = headers.get("x-run-at"), headers.get("x-delay-seconds")
+    if raw_at is None and raw_delay is None:
+        return None, None
+    run_at = delay = None
+    if raw_at is not None:
+        run_at = _header_instant(raw_at)
+    if raw_delay is not None:
+        delay = _header_delay(raw_delay)
+    if run_at is not None and delay is not None:
+        raise ContractViolation("bad_run_at", "give x-run-at or x-delay-seconds, not both")
+    return _check_schedule(run_at, delay, datetime.now(UTC))
+
+
+def _header_instant(value: object) -> datetime:
+    if isinstance(value, datetime):  # an AMQP timestamp: POSIX seconds, so UTC
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("utf-8", "replace")
+    if not isinstance(value, str):
+        raise ContractViolation("bad_run_at", f"x-run-at must be ISO 8601 text, not {value!r}")
+    try:
+        return durations.parse_instant(value)
+    except durations.DurationError as exc:
+        raise ContractViolation("bad_run_at", f"x-run-at: {exc}") from None
+
+
+def _header_delay(value: object) -> float:
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("utf-8", "replace")
+    try:
+        if isinstance(value, str):
+            return durations.parse_duration(value)
+        return durations.seconds_of(value, "x-delay-seconds")
+    except durations.DurationError as exc:
+        raise ContractViolation("bad_delay", f"x-delay-seconds: {exc}") from None
+
+
 def _kind(value: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
         type(value), "null" if value is None else "number"
@@ -446,6 +549,8 @@ class JobRecord:
     duplicate: bool = False
     """Set on what a submission returned when it was a unique duplicate: this is the
     existing job that holds its key (unique.py), not a new one. Never stored."""
+    snoozes: int = 0
+    """Times the job snoozed (``raise Snooze``); they do not spend attempts."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobRecord:
@@ -470,6 +575,7 @@ class JobRecord:
             run_at=row["run_at"],
             cancel_requested=row["cancel_requested"],
             args=row["args"],
+            snoozes=row.get("snoozes", 0),
         )
 
     def to_status_json(self) -> dict[str, Any]:
@@ -497,6 +603,7 @@ class JobRecord:
             "finished_at": _iso(self.finished_at),
             "run_at": _iso(self.run_at),
             "cancel_requested": self.cancel_requested,
+            "snoozes": self.snoozes,
         }
 
 

@@ -180,6 +180,10 @@ class Settings(BaseSettings):
     cron_poll_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
     # a tick at most this late is on time; older ones are "missed" (the catch_up policy)
     cron_grace_seconds: Annotated[float, Field(ge=0, le=86_400)] = 5.0
+    # --- scheduled jobs (worker/relay.py) ---
+    # Rows the relay publishes per pass (it passes again at once while they are full):
+    # a larger batch turns a burst of jobs due in the same second into fewer round trips.
+    relay_batch: Annotated[int, Field(ge=1, le=100_000)] = 500
 
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

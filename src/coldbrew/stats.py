@@ -2,7 +2,10 @@
 
 Depth, oldest waiting job's age, running and dead counts per lane and tenant
 come from the job table (the truth), not from RabbitMQ, whose ready count
-misses unacked and retrying jobs. The drain rate is the change of the
+misses unacked and retrying jobs. Scheduled jobs (waiting for their
+``run_at``) are counted apart, in ``coldbrew_jobs_scheduled``: a job due
+tomorrow is not backlog, so it is in neither the depth, the oldest age nor the
+estimated wait that autoscaling reads. The drain rate is the change of the
 fleet's finished-jobs counter per lane and tenant between two refreshes
 (an exponentially weighted average over about a minute), and the estimated
 wait is depth divided by it. A background loop refreshes one snapshot;
@@ -49,6 +52,7 @@ def cap_tenants(rows: Sequence[QueueStats], max_tenants: int) -> list[QueueStats
                 failed=prev.failed + row.failed,
                 oldest_waiting_seconds=max(prev.oldest_waiting_seconds, row.oldest_waiting_seconds),
                 finished=prev.finished + row.finished,
+                scheduled=prev.scheduled + row.scheduled,
             )
     return kept + list(folded.values())
 
@@ -157,6 +161,12 @@ class StatsSnapshot:
             "Depth divided by the recent drain rate (+Inf while waiting jobs do not drain).",
             labels,
             self._wait,
+        )
+        metrics.add_scrape_callback(
+            "coldbrew_jobs_scheduled",
+            "Jobs waiting for their run_at (scheduled or snoozed): not backlog, not in the depth.",
+            labels,
+            lambda: self._series("scheduled"),
         )
         metrics.add_scrape_callback(
             "coldbrew_jobs_running",

@@ -34,7 +34,16 @@ from typing import Any
 
 from coldbrew.durations import parse_duration
 
-KNOWN_STATES = ("queued", "running", "retrying", "succeeded", "failed", "dead", "cancelled")
+KNOWN_STATES = (
+    "queued",
+    "running",
+    "retrying",
+    "succeeded",
+    "failed",
+    "dead",
+    "cancelled",
+    "scheduled",
+)
 """Every job status (``model.Status``; tests/unit/test_unique.py keeps them equal)."""
 DEFAULT_STATES = tuple(s for s in KNOWN_STATES if s not in ("failed", "dead", "cancelled"))
 PARTS = ("args", "tenant", "queue")

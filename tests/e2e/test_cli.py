@@ -39,6 +39,7 @@ STATUS_KEYS = {
     "finished_at",
     "run_at",
     "cancel_requested",
+    "snoozes",
 }
 
 

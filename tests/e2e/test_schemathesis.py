@@ -113,7 +113,10 @@ async def test_schemathesis_finds_no_failure(settings: Settings, tmp_path: Path)
         # the key was used: accepted submissions, reads and cancels, not only 401s
         assert counts.get(("/jobs", "POST", "202"), 0) > 10, counts
         assert counts.get(("/jobs/{job_id}", "GET", "200"), 0) > 0, counts
-        assert counts.get(("/jobs/{job_id}", "DELETE", "200"), 0) > 0, counts
+        # cancels reached real jobs: cancelled (200) or already finished (409: the worker
+        # refuses the generated job types at once, so most are failed before the DELETE)
+        cancels = sum(counts.get(("/jobs/{job_id}", "DELETE", code), 0) for code in ("200", "409"))
+        assert cancels > 0, counts
         assert sum(counts.values()) > 500, counts
         print(f"schemathesis: {sum(counts.values())} requests;", output[-400:])
     finally:

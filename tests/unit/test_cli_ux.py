@@ -124,5 +124,6 @@ def test_stats_rows_include_lanes_whose_jobs_all_succeeded() -> None:
     title, header, *lines = stats_lines(rows, "1h")
     assert "finished in the last 1h" in title
     assert lines[1].split() == [
-        "slow", "globex", "0", "0", "0", "-", "-", "-", "│", "3", "1", "1", "0", "2.0s", "3.0s"
+        "slow", "globex", "0", "0", "0", "0", "-", "-", "-", "│", "3", "1", "1", "0", "2.0s",
+        "3.0s",
     ]

@@ -23,7 +23,7 @@ from coldbrew.unique import (
 
 def test_known_states_are_the_job_statuses() -> None:
     assert tuple(s.value for s in Status) == KNOWN_STATES
-    assert set(DEFAULT_STATES) == {"queued", "running", "retrying", "succeeded"}
+    assert set(DEFAULT_STATES) == {"queued", "running", "retrying", "succeeded", "scheduled"}
 
 
 @pytest.mark.parametrize(
@@ -45,9 +45,9 @@ def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "h", "1x", "-5", "1h 30m", "1e3", "nan", "inf", "1hh"])
+@pytest.mark.parametrize("text", ["", "h", "1x", "-5", "1h 30m", "nan", "inf", "1hh"])
 def test_parse_duration_refuses(text: str) -> None:
-    with pytest.raises(ValueError, match="not a duration"):
+    with pytest.raises(ValueError, match="not a duration|must be a finite number"):
         parse_duration(text)
 
 

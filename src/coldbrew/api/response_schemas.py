@@ -39,6 +39,7 @@ STATUS_SCHEMA: dict[str, Any] = {
         "finished_at": {"type": ["string", "null"], "format": "date-time"},
         "run_at": {"type": "string", "format": "date-time"},
         "cancel_requested": {"type": "boolean"},
+        "snoozes": {"type": "integer", "minimum": 0, "description": "times the job snoozed"},
     },
 }
 

@@ -80,6 +80,8 @@ async def submit_job(request: Request) -> Response:
         unique_by=None if body.unique_by is None else tuple(body.unique_by),
         unique_states=None if body.unique_states is None else tuple(body.unique_states),
         unique_keys=None if body.unique_keys is None else tuple(body.unique_keys),
+        run_at=body.schedule(),
+        delay=body.delay_seconds,
     )
     if record.duplicate and not principal.may_see(record.tenant):
         # a key without "tenant" in unique_by spans tenants: say so, show nothing of the job

@@ -8,12 +8,14 @@ refuse, ``Client.submit`` refuses with the worker's code (``check_submission``).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from coldbrew.api.errors import ApiError
 from coldbrew.app import JOB_TYPE_RE
+from coldbrew.durations import MAX_SCHEDULE_SECONDS, DurationError, parse_instant
 from coldbrew.model import (
     MAX_ATTEMPTS,
     MAX_PRIORITY,
@@ -24,7 +26,9 @@ from coldbrew.model import (
 from coldbrew.unique import MAX_PERIOD_SECONDS
 
 UniquePart = Literal["args", "tenant", "queue"]
-UniqueState = Literal["queued", "running", "retrying", "succeeded", "failed", "dead", "cancelled"]
+UniqueState = Literal[
+    "queued", "running", "retrying", "succeeded", "failed", "dead", "cancelled", "scheduled"
+]
 
 
 def _given(field: str) -> dict[str, Any]:
@@ -41,12 +45,29 @@ _UNIQUE_RULES: dict[str, Any] = {
             {"if": _given(field), "then": _given("unique_for")}
             for field in ("unique_by", "unique_states", "unique_keys")
         ),
+        # a scheduled job: run_at or delay_seconds, not both
+        {"not": {"allOf": [_given("run_at"), _given("delay_seconds")]}},
+        # a unique job cannot be scheduled yet (Client.submit refuses the pair)
+        {
+            "not": {
+                "allOf": [
+                    _given("unique_for"),
+                    {"anyOf": [_given("run_at"), _given("delay_seconds")]},
+                ]
+            }
+        },
         {
             "if": {"allOf": [_given("unique_keys"), _given("unique_by")]},
             "then": {"properties": {"unique_by": {"contains": {"const": "args"}}}},
         },
     ]
 }
+RUN_AT_TEXT = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
+"""``run_at`` over HTTP: RFC 3339 (ISO 8601 with seconds and an offset), as the schema's
+``date-time`` format says; the same text ``durations.parse_instant`` reads."""
 UNIQUE_FOR_TEXT = r"^(infinity|[1-9][0-9]{0,2}(s|m|h|d))$"
 """``unique_for`` as text over HTTP: ``infinity`` or one unit (``90s``, ``15m``, ``2h``,
 ``30d``); anything longer is a number of seconds."""
@@ -94,6 +115,24 @@ class SubmitBody(BaseModel):
     unique_keys: (
         Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None
     ) = None
+    # scheduled jobs: one of them; run_at is ISO 8601 with its offset, read by durations.py
+    # (routes.py), and both, a naive time or one too far ahead are refused by Client.submit
+    run_at: (
+        Annotated[str, Field(pattern=RUN_AT_TEXT, json_schema_extra={"format": "date-time"})] | None
+    ) = None
+    delay_seconds: Annotated[
+        float | None, Field(ge=0, le=MAX_SCHEDULE_SECONDS, allow_inf_nan=False)
+    ] = None
+
+    def schedule(self) -> datetime | None:
+        """``run_at`` as an aware datetime; a 422 ``bad_run_at`` when it is not ISO 8601
+        with an offset."""
+        if self.run_at is None:
+            return None
+        try:
+            return parse_instant(self.run_at)
+        except DurationError as exc:
+            raise ApiError(422, "bad_run_at", f"run_at: {exc}") from None
 
 
 def parse_submit(body: bytes) -> SubmitBody:
@@ -109,6 +148,13 @@ def parse_submit(body: bytes) -> SubmitBody:
         if first["type"] == "model_type":
             raise ApiError(422, "invalid_body", "the body must be a JSON object") from None
         field = ".".join(str(part) for part in first["loc"]) or "body"
+        if first["loc"][:1] == ("run_at",) and first["type"] == "string_pattern_mismatch":
+            raise ApiError(
+                422,
+                "bad_run_at",
+                f"run_at: {first['input']!r} is not an RFC 3339 time with seconds and an "
+                "offset (e.g. 2026-12-01T20:00:00Z)",
+            ) from None
         message = first["msg"]
         if first["type"] == "extra_forbidden":
             message = f"unknown field; allowed: {', '.join(SubmitBody.model_fields)}"

@@ -6,6 +6,7 @@ import argparse
 import gc
 import json
 import sys
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from coldbrew.cli.common import (
@@ -70,11 +71,16 @@ def add_commands(sub: Subparsers[Parser]) -> None:
         help="with --wait: progress as plain lines on stderr even on a terminal; stdout "
         "has only the final status JSON",
     )
+    when = submit.add_mutually_exclusive_group()
+    when.add_argument(
+        "--at", metavar="ISO8601", help="run at this time, with its offset (2026-12-01T20:00:00Z)"
+    )
+    when.add_argument("--delay", metavar="DURATION", help="run after this long: 90s, 15m, 2h, 1d")
 
     status = sub.add_parser("status", help="print a job's status JSON")
     status.add_argument("job_id")
 
-    cancel = sub.add_parser("cancel", help="cancel a queued or running job")
+    cancel = sub.add_parser("cancel", help="cancel a queued, scheduled or running job")
     cancel.add_argument("job_id")
     cancel.add_argument("--reason", default="cancelled from the command line")
 
@@ -115,6 +121,7 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigurationError("--args must be a JSON object")
     if not 0 < args.timeout <= MAX_WAIT_SECONDS:  # also refuses nan
         raise ConfigurationError(f"--timeout must be in (0, {MAX_WAIT_SECONDS:g}] seconds")
+    run_at, delay = _schedule_flags(args)
     app = load_app(args.app, args.app_dir) if args.app else None
     # check_schema: before `coldbrew migrate`, one line that says so, not a traceback
     async with Client.connect(settings, app=app, check_schema=True) as client:
@@ -130,6 +137,8 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
             unique_by=args.unique_by,
             unique_states=args.unique_states,
             unique_keys=args.unique_keys,
+            run_at=run_at,
+            delay=delay,
         )
         if record.duplicate:
             print(f"coldbrew: a duplicate of job {record.id} (unique)", file=sys.stderr)
@@ -164,6 +173,19 @@ async def _wait_for(client: Client, job_id: str, args: argparse.Namespace) -> in
         return EXIT_FAILED
     print_json(record.to_status_json())
     return EXIT_OK if record.status.value == "succeeded" else EXIT_FAILED
+
+
+def _schedule_flags(args: argparse.Namespace) -> tuple[datetime | None, float | None]:
+    """``--at`` / ``--delay`` read with the one parser (durations.py); bad text: exit 2."""
+    from coldbrew.durations import DurationError, parse_duration, parse_instant
+
+    try:
+        run_at = parse_instant(args.at) if args.at is not None else None
+        delay = parse_duration(args.delay) if args.delay is not None else None
+    except DurationError as exc:
+        flag = "--at" if args.at is not None else "--delay"
+        raise ConfigurationError(f"{flag}: {exc}") from None
+    return run_at, delay
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:

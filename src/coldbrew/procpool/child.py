@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from coldbrew.app import App, load_app
-from coldbrew.errors import Permanent, Retry
+from coldbrew.errors import Permanent, Retry, Snooze
 from coldbrew.procpool.protocol import HEADER, error_kind, frame
 
 __all__ = ["ProcessContext", "child_main"]
@@ -85,6 +85,7 @@ class ProcessContext:
         self.tenant: str = info.get("tenant", "default")
         self.queue: str = info.get("queue", "default")
         self.max_attempts: int | None = info.get("max_attempts")
+        self.snoozes: int = info.get("snoozes", 0)
         self.checkpoint_state: Any = info.get("checkpoint")
         self.log: Any = structlog.get_logger("coldbrew.job").bind(
             job_id=self.job_id, type=self.type, attempt=self.attempt, tenant=self.tenant
@@ -109,12 +110,16 @@ def _run_job(app: App, channel: _ChildChannel, message: tuple[Any, ...]) -> byte
     _, job_type, args, info = message
     try:
         value = app.get(job_type).func(ProcessContext(channel, info), **args)
+    except Snooze as exc:
+        return frame(("snooze", exc.seconds))
     except Retry as exc:
         return frame(("retry", str(exc), exc.delay))
     except Permanent as exc:
         return frame(("permanent", str(exc)))
     except BaseException as exc:  # noqa: BLE001 - whatever the job raises is its outcome
         return frame(("error", error_kind(exc), str(exc), traceback.format_exc()))
+    if isinstance(value, Snooze):  # ``return Snooze(s)`` is the same as raising it
+        return frame(("snooze", value.seconds))
     try:
         return frame(("ok", value))
     except Exception as exc:  # noqa: BLE001 - pickling fails in many ways

@@ -11,7 +11,8 @@ Messages, as tuples whose first item is the tag:
 * child -> parent: ``("ready", pid)``, ``("boot_error", text)``,
   ``("progress", fraction, message)``, ``("rpc", method, argument)``, and one
   outcome per job: ``("ok", value)``, ``("retry", message, delay)``,
-  ``("permanent", message)`` or ``("error", kind, message, traceback)``.
+  ``("permanent", message)``, ``("snooze", seconds)`` or
+  ``("error", kind, message, traceback)``.
 
 Why both sides share this module: the child (``child.py``) and the parent
 (``wire.py``, ``handle.py``) must agree on the header and the tags, and an
@@ -25,7 +26,7 @@ import pickle
 import struct
 from typing import Any
 
-from coldbrew.errors import Permanent, Retry
+from coldbrew.errors import Permanent, Retry, Snooze
 from coldbrew.procpool.errors import RemoteJobError
 
 __all__ = ["EXIT_FRAME", "HEADER", "PROTOCOL", "error_kind", "frame", "outcome_error", "portable"]
@@ -58,6 +59,8 @@ def outcome_error(message: tuple[Any, ...]) -> Exception:
         return Permanent(message[1])
     if tag == "retry":
         return Retry(message[1], delay=message[2])
+    if tag == "snooze":
+        return Snooze(message[1])
     return RemoteJobError(message[1], message[2], message[3])
 
 

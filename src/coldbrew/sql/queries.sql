@@ -4,10 +4,19 @@
 -- namespace's schema, so no statement names a schema.
 
 -- name: insert_job
--- Submit a job as queued and unpublished ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds)
+-- Submit a job as queued and unpublished, or as scheduled when its run_at (or now + delay) is still ahead: publish_after is then that time, when the relay publishes it ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds, $11 run_at or null, $12 delay seconds or null)
+WITH due AS MATERIALIZED (
+    SELECT coalesce($11::timestamptz, now() + make_interval(secs => coalesce($12::float8, 0)))
+           AS at
+)
 INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                  idempotency_key, publish_after)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10))
+                  idempotency_key, status, run_at, publish_after)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
+        CASE WHEN (SELECT at FROM due) > now() THEN 'scheduled'::job_status
+             ELSE 'queued'::job_status END,
+        greatest((SELECT at FROM due), now()),
+        CASE WHEN (SELECT at FROM due) > now() THEN (SELECT at FROM due)
+             ELSE now() + make_interval(secs => $10) END)
 ON CONFLICT (id) DO NOTHING
 RETURNING *;
 
@@ -28,7 +37,7 @@ WHERE j.id = u.id AND j.publish_after = u.publish_after
   AND j.id IN (SELECT id FROM jobs WHERE id = ANY($1::text[]) FOR UPDATE SKIP LOCKED);
 
 -- name: claim_batch
--- Upsert delivered jobs and claim the claimable ones, one attempt each ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 idempotency keys, $10 lease seconds, $11 worker id)
+-- Upsert delivered jobs and claim the claimable ones, one attempt each; a scheduled row is claimable once its run_at has come, and an early delivery of one is refused like a duplicate ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 idempotency keys, $10 lease seconds, $11 worker id)
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int2[],
@@ -43,7 +52,7 @@ inserted AS (
            idempotency_key, 'running', 1, now(), now() + make_interval(secs => $10), $11
     FROM input
     ON CONFLICT (id) DO NOTHING
-    RETURNING id, attempt, max_attempts, timeout_seconds, checkpoint, started_at
+    RETURNING id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, snoozes
 ),
 claimed AS (
     UPDATE jobs AS j
@@ -52,15 +61,17 @@ claimed AS (
         publish_after = NULL, updated_at = now()
     FROM input AS i
     WHERE j.id = i.id
-      AND j.attempt < j.max_attempts
+      -- snoozes gave back the attempts their claims took (attempt itself only grows)
+      AND j.attempt - j.snoozes < j.max_attempts
       AND NOT j.cancel_requested
       AND (j.status = 'queued'
-           OR (j.status = 'retrying' AND j.run_at <= now())
+           OR (j.status IN ('retrying', 'scheduled') AND j.run_at <= now())
            OR (j.status = 'running' AND j.lease_expires_at < now()
                -- a lease that expired while PostgreSQL was down is its worker's for one
                -- more lease: alive, it extends it as soon as it reconnects
                AND pg_postmaster_start_time() <= now() - make_interval(secs => $10)))
-    RETURNING j.id, j.attempt, j.max_attempts, j.timeout_seconds, j.checkpoint, j.started_at
+    RETURNING j.id, j.attempt, j.max_attempts, j.timeout_seconds, j.checkpoint, j.started_at,
+              j.snoozes
 ),
 exhausted AS (
     UPDATE jobs AS j
@@ -68,19 +79,21 @@ exhausted AS (
         progress_message = NULL,
         publish_after = NULL, lease_expires_at = NULL, worker_id = NULL, updated_at = now()
     FROM input AS i
-    WHERE j.id = i.id AND j.attempt >= j.max_attempts AND j.status IN ('queued', 'retrying')
+    WHERE j.id = i.id AND j.attempt - j.snoozes >= j.max_attempts
+      AND (j.status IN ('queued', 'retrying')
+           OR (j.status = 'scheduled' AND j.run_at <= now()))
     RETURNING j.id
 )
-SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at,
+SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, snoozes,
        true AS claimed, 'running' AS status
 FROM inserted
 UNION ALL
-SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at,
+SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, snoozes,
        true AS claimed, 'running' AS status
 FROM claimed
 UNION ALL
 SELECT j.id, j.attempt, j.max_attempts, j.timeout_seconds, j.checkpoint, j.started_at,
-       false AS claimed,
+       j.snoozes, false AS claimed,
        CASE WHEN j.id IN (SELECT id FROM exhausted) THEN 'dead' ELSE j.status::text END
 FROM jobs AS j
 JOIN input AS i ON i.id = j.id
@@ -99,7 +112,7 @@ SELECT txid_current() AS xid, pg_postmaster_start_time() AS server_started;
 SELECT id, attempt, status::text AS status, worker_id FROM jobs WHERE id = ANY($1::text[]);
 
 -- name: complete_batch
--- Write outcomes fenced by attempt, with progress not yet flushed, count finished jobs per lane and tenant for the drain rate, and NOTIFY "<schema>.caps" with each capped tenant and type that freed a place; a finished job's progress message is cleared (a succeeded one's progress is 1); returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons, $9 progress fractions, $10 progress messages)
+-- Write outcomes fenced by attempt (a snooze: 'scheduled' after $7 seconds, one more snooze), with progress not yet flushed, count finished jobs per lane and tenant for the drain rate, and NOTIFY "<schema>.caps" with each capped tenant and type that freed a place; a finished job's progress message is cleared (a succeeded one's progress is 1); returns the rows written ($1 ids, $2 attempts, $3 statuses, $4 results, $5 error kinds, $6 error messages, $7 retry delays, $8 dead reasons, $9 progress fractions, $10 progress messages)
 WITH written AS (
     UPDATE jobs AS j
     SET status = u.status::job_status,
@@ -107,11 +120,12 @@ WITH written AS (
         error_kind = u.error_kind,
         error_message = u.error_message,
         dead_reason = u.dead_reason,
-        finished_at = CASE WHEN u.status = 'retrying' THEN NULL ELSE now() END,
-        run_at = CASE WHEN u.status = 'retrying' THEN now() + make_interval(secs => u.delay)
-                      ELSE j.run_at END,
-        publish_after = CASE WHEN u.status = 'retrying' THEN now() + make_interval(secs => u.delay)
-                             ELSE NULL END,
+        finished_at = CASE WHEN u.status IN ('retrying', 'scheduled') THEN NULL ELSE now() END,
+        run_at = CASE WHEN u.status IN ('retrying', 'scheduled')
+                      THEN now() + make_interval(secs => u.delay) ELSE j.run_at END,
+        publish_after = CASE WHEN u.status IN ('retrying', 'scheduled')
+                             THEN now() + make_interval(secs => u.delay) ELSE NULL END,
+        snoozes = j.snoozes + CASE WHEN u.status = 'scheduled' THEN 1 ELSE 0 END,
         progress = CASE WHEN u.status = 'succeeded' THEN 1
                         ELSE coalesce(u.progress, j.progress) END,
         -- a finished job's record tells the truth: no "rendering" after it succeeded (its
@@ -131,7 +145,7 @@ WITH written AS (
 counted AS (
     -- sorted, so that concurrent batches lock counter rows in one order (no deadlock)
     INSERT INTO queue_counters AS c (queue, tenant, finished)
-    SELECT queue, tenant, count(*) FROM written WHERE status <> 'retrying'
+    SELECT queue, tenant, count(*) FROM written WHERE status NOT IN ('retrying', 'scheduled')
     GROUP BY queue, tenant ORDER BY queue, tenant
     ON CONFLICT (queue, tenant) DO UPDATE SET finished = c.finished + excluded.finished
 ),
@@ -183,20 +197,20 @@ RETURNING j.id;
 WITH reaped AS (
     UPDATE jobs AS j
     SET status = CASE WHEN j.cancel_requested THEN 'cancelled'::job_status
-                      WHEN j.attempt >= j.max_attempts THEN 'dead'::job_status
+                      WHEN j.attempt - j.snoozes >= j.max_attempts THEN 'dead'::job_status
                       ELSE 'retrying'::job_status END,
-        dead_reason = CASE WHEN NOT j.cancel_requested AND j.attempt >= j.max_attempts
+        dead_reason = CASE WHEN NOT j.cancel_requested AND j.attempt - j.snoozes >= j.max_attempts
                            THEN 'max_attempts' ELSE j.dead_reason END,
         error_kind = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'lease_expired' END,
         error_message = CASE WHEN j.cancel_requested THEN j.cancel_reason
                              ELSE 'worker ' || coalesce(j.worker_id, '?')
                                   || ' stopped renewing its lease'
                         END,
-        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
-        progress_message = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
-                                ELSE j.progress_message END,
+        finished_at = CASE WHEN j.cancel_requested OR j.attempt - j.snoozes >= j.max_attempts THEN now() END,
+        progress_message = CASE WHEN j.cancel_requested OR j.attempt - j.snoozes >= j.max_attempts
+                                THEN NULL ELSE j.progress_message END,
         run_at = now(),
-        publish_after = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
+        publish_after = CASE WHEN j.cancel_requested OR j.attempt - j.snoozes >= j.max_attempts THEN NULL
                              ELSE now() END,
         lease_expires_at = NULL,
         worker_id = NULL,
@@ -228,44 +242,48 @@ freed AS (
 SELECT * FROM reaped WHERE (SELECT count(*) FROM freed) >= 0;
 
 -- name: take_due_publishes
--- Relay: lease up to $1 rows that are due for publishing, pushing their mark $2 seconds ahead ($1 limit, $2 retry-after seconds)
-UPDATE jobs AS j
-SET publish_after = now() + make_interval(secs => $2)
-WHERE j.id IN (
-    SELECT id FROM jobs
-    WHERE publish_after <= now() AND status IN ('queued', 'retrying')
+-- Relay: lease up to $1 rows that are due for publishing, pushing their mark $2 seconds ahead; a due scheduled row becomes queued in the same statement (should the publish never be confirmed, the pushed mark makes the relay publish it again: never lost); returns each row's status before ($1 limit, $2 retry-after seconds)
+WITH due AS (
+    SELECT id, status AS was FROM jobs
+    WHERE publish_after <= now() AND status IN ('queued', 'retrying', 'scheduled')
     ORDER BY publish_after
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
+UPDATE jobs AS j
+SET publish_after = now() + make_interval(secs => $2),
+    status = CASE WHEN j.status = 'scheduled' THEN 'queued'::job_status ELSE j.status END
+FROM due
+WHERE j.id = due.id
 RETURNING j.id, j.type, j.queue, j.tenant, j.args, j.priority, j.max_attempts,
-          j.timeout_seconds, j.idempotency_key, j.attempt, j.publish_after;
+          j.timeout_seconds, j.idempotency_key, j.attempt, j.publish_after,
+          due.was::text AS was;
 
 -- name: clear_stale_publish_marks
 -- Drop publish marks left on rows that no longer wait (claimed or finished) ($1 limit)
 UPDATE jobs SET publish_after = NULL
 WHERE id IN (
     SELECT id FROM jobs
-    WHERE publish_after <= now() AND status NOT IN ('queued', 'retrying')
+    WHERE publish_after <= now() AND status NOT IN ('queued', 'retrying', 'scheduled')
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 );
 
 -- name: request_cancel
--- Cancel a waiting job at once, or flag a running one for its worker ($1 id, $2 reason)
+-- Cancel a waiting (queued, retrying or scheduled) job at once, or flag a running one for its worker ($1 id, $2 reason)
 UPDATE jobs
-SET status = CASE WHEN status IN ('queued', 'retrying') THEN 'cancelled'::job_status
+SET status = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN 'cancelled'::job_status
                   ELSE status END,
-    finished_at = CASE WHEN status IN ('queued', 'retrying') THEN now() ELSE finished_at END,
-    error_kind = CASE WHEN status IN ('queued', 'retrying') THEN 'cancelled' ELSE error_kind END,
-    error_message = CASE WHEN status IN ('queued', 'retrying') THEN $2 ELSE error_message END,
-    publish_after = CASE WHEN status IN ('queued', 'retrying') THEN NULL ELSE publish_after END,
-    progress_message = CASE WHEN status IN ('queued', 'retrying') THEN NULL
+    finished_at = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN now() ELSE finished_at END,
+    error_kind = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN 'cancelled' ELSE error_kind END,
+    error_message = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN $2 ELSE error_message END,
+    publish_after = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN NULL ELSE publish_after END,
+    progress_message = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN NULL
                             ELSE progress_message END,
     cancel_requested = true,
     cancel_reason = $2,
     updated_at = now()
-WHERE id = $1 AND status IN ('queued', 'retrying', 'running')
+WHERE id = $1 AND status IN ('queued', 'retrying', 'scheduled', 'running')
 RETURNING *;
 
 -- name: claim_once
@@ -367,10 +385,11 @@ ON CONFLICT (id) DO NOTHING;
 
 -- name: claimability
 -- Whether a delivered job could be claimed now (else it is a duplicate), with what a claim result reports ($1 id)
-SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, status::text AS status,
+SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, snoozes,
+       status::text AS status,
        (NOT cancel_requested
         AND (status = 'queued'
-             OR (status = 'retrying' AND run_at <= now())
+             OR (status IN ('retrying', 'scheduled') AND run_at <= now())
              OR (status = 'running' AND lease_expires_at < now()))) AS claimable
 FROM jobs WHERE id = $1;
 
@@ -404,7 +423,7 @@ LIMIT $2;
 -- name: dlq_replay
 -- Give dead jobs a fresh budget of attempts and make them due now; attempt keeps counting up so fencing still holds ($1 reason text or null, $2 job id or null, $3 limit, $4 fresh attempts)
 UPDATE jobs AS j
-SET status = 'queued', max_attempts = j.attempt + $4, dead_reason = NULL,
+SET status = 'queued', max_attempts = j.attempt - j.snoozes + $4, dead_reason = NULL,
     finished_at = NULL, run_at = now(), publish_after = now(), cancel_requested = false,
     updated_at = now()
 WHERE j.id IN (
@@ -436,20 +455,21 @@ WHERE $1::text IS NULL OR split_part(routing_key, '.', 2) = $1
 GROUP BY reason ORDER BY reason;
 
 -- name: queue_stats
--- Per lane and tenant: counts by status, the oldest waiting job's age in seconds, and how many jobs have finished so far (the drain rate is its change over time), optionally for one tenant ($1 tenant or null)
+-- Per lane and tenant: counts by status (scheduled apart: not backlog), the oldest waiting job's age in seconds, and how many jobs have finished so far (the drain rate is its change over time), optionally for one tenant ($1 tenant or null)
 SELECT queue, tenant,
        count(*) FILTER (WHERE status = 'queued') AS queued,
        count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'retrying') AS retrying,
        count(*) FILTER (WHERE status = 'dead') AS dead,
        count(*) FILTER (WHERE status = 'failed') AS failed,
+       count(*) FILTER (WHERE status = 'scheduled') AS scheduled,
        coalesce(extract(epoch FROM now() - min(created_at)
                         FILTER (WHERE status IN ('queued', 'retrying'))), 0)::float8
            AS oldest_waiting_seconds,
        coalesce((SELECT finished FROM queue_counters AS c
                  WHERE c.queue = j.queue AND c.tenant = j.tenant), 0) AS finished
 FROM jobs AS j
-WHERE status IN ('queued', 'running', 'retrying', 'dead', 'failed')
+WHERE status IN ('queued', 'running', 'retrying', 'dead', 'failed', 'scheduled')
   AND ($1::text IS NULL OR tenant = $1)
 GROUP BY queue, tenant
 ORDER BY queue, tenant;
@@ -652,7 +672,7 @@ WITH failed AS (
     FROM (SELECT DISTINCT ON (r.id) r.id, r.reason, r.detail
           FROM unnest($1::text[], $2::text[], $3::text[]) AS r(id, reason, detail)
           ORDER BY r.id) AS u
-    WHERE j.id = u.id AND j.status IN ('queued', 'retrying')
+    WHERE j.id = u.id AND j.status IN ('queued', 'retrying', 'scheduled')
     RETURNING j.id, j.queue, j.tenant
 ),
 counted AS (
@@ -764,20 +784,20 @@ RETURNING w.id, w.host, w.pid, w.heartbeat_at;
 WITH released AS (
     UPDATE jobs AS j
     SET status = CASE WHEN j.cancel_requested THEN 'cancelled'::job_status
-                      WHEN j.attempt >= j.max_attempts THEN 'dead'::job_status
+                      WHEN j.attempt - j.snoozes >= j.max_attempts THEN 'dead'::job_status
                       ELSE 'retrying'::job_status END,
-        dead_reason = CASE WHEN NOT j.cancel_requested AND j.attempt >= j.max_attempts
+        dead_reason = CASE WHEN NOT j.cancel_requested AND j.attempt - j.snoozes >= j.max_attempts
                            THEN 'max_attempts' ELSE j.dead_reason END,
         error_kind = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'worker_lost' END,
         error_message = CASE WHEN j.cancel_requested THEN j.cancel_reason
                              ELSE 'worker ' || coalesce(j.worker_id, '?')
                                   || ' died (its PostgreSQL session ended)'
                         END,
-        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
-        progress_message = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
-                                ELSE j.progress_message END,
+        finished_at = CASE WHEN j.cancel_requested OR j.attempt - j.snoozes >= j.max_attempts THEN now() END,
+        progress_message = CASE WHEN j.cancel_requested OR j.attempt - j.snoozes >= j.max_attempts
+                                THEN NULL ELSE j.progress_message END,
         run_at = now(),
-        publish_after = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN NULL
+        publish_after = CASE WHEN j.cancel_requested OR j.attempt - j.snoozes >= j.max_attempts THEN NULL
                              ELSE now() END,
         lease_expires_at = NULL,
         worker_id = NULL,
@@ -1037,7 +1057,7 @@ ORDER BY queue, tenant;
 -- name: get_jobs
 -- The rows of several jobs in one statement, one primary-key lookup each, for following them from the command line and the demo ($1 ids)
 SELECT j.* FROM unnest($1::text[]) AS u(id) JOIN jobs AS j ON j.id = u.id;
--- === rate limits (issue #15) =================================================================
+-- === rate limits (issue #15) ==========================================================
 
 -- name: set_tenant_rate
 -- Create a tenant or change its rate limit: a null leaves that setting as it is, $4 true removes both ($1 name, $2 starts per second or null, $3 burst or null, $4 true to remove the limit)
@@ -1086,3 +1106,25 @@ WITH taken AS (
 SELECT (SELECT backlog FROM taken) AS taken_backlog,
        (SELECT greatest(extract(epoch FROM tat - now()), 0)::float8
         FROM rate_buckets WHERE key = $1) AS seen_backlog;
+-- --- scheduled jobs and snooze (worker/runner.py, worker/relay.py) -------------------
+
+-- name: defer_job
+-- A delivery asks for a later start (x-run-at / x-delay-seconds): record its job as scheduled if it has no row yet and is not due, so the relay publishes it then; returns the id when recorded, nothing when the row exists or the job is due now ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 run_at or null, $11 delay seconds or null)
+WITH due AS MATERIALIZED (
+    SELECT coalesce($10::timestamptz, now() + make_interval(secs => coalesce($11::float8, 0)))
+           AS at
+)
+INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
+                  idempotency_key, status, run_at, publish_after)
+SELECT $1::text, $2::text, $3::text, $4::text, $5::jsonb, $6::int2, $7::int4, $8::float8,
+       $9::text, 'scheduled', due.at, due.at
+FROM due
+WHERE due.at > now()
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: next_publish_due
+-- Relay: seconds until the earliest publish mark still ahead (one probe of jobs_publish_due), null when there is none ($1 horizon seconds: marks further ahead read as null)
+SELECT extract(epoch FROM min(publish_after) - now())::float8 AS seconds
+FROM jobs
+WHERE publish_after > now() AND publish_after <= now() + make_interval(secs => $1);

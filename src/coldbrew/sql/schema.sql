@@ -209,3 +209,9 @@ CREATE TABLE rate_buckets (
     key  text PRIMARY KEY,
     tat  timestamptz NOT NULL
 );
+-- --- scheduled jobs and snooze (migration 0005) ---------------------------------------
+-- 'scheduled': waiting for run_at, with publish_after = run_at (jobs_publish_due serves
+-- the relay). snoozes: times the job snoozed; its attempt budget is attempt - snoozes.
+ALTER TYPE job_status ADD VALUE 'scheduled';
+
+ALTER TABLE jobs ADD COLUMN snoozes integer NOT NULL DEFAULT 0 CHECK (snoozes >= 0);

@@ -68,6 +68,7 @@ def claim_result(
         checkpoint=row["checkpoint"],
         started_at=row["started_at"],
         mark=mark,
+        snoozes=row["snoozes"],
     )
 
 

@@ -184,6 +184,8 @@ class CronStore(StoreBase):
                     request.timeout,
                     request.idempotency_key,
                     relay_grace,
+                    None,  # run_at: a tick runs now (its time has come)
+                    None,  # delay
                 )
                 if row is not None:
                     inserted.append((request, row["publish_after"]))

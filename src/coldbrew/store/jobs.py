@@ -27,7 +27,8 @@ class JobRows(StoreBase):
     async def insert_job(
         self, request: ClaimRequest, *, relay_grace: float
     ) -> tuple[JobRecord, datetime | None]:
-        """Insert a queued, unpublished job; return it and, if it is new, its publish mark."""
+        """Insert a queued, unpublished job (``scheduled`` when its ``run_at`` or ``delay`` is
+        still ahead); return it and, if it is new, its publish mark."""
         row = await self._fetchrow(
             "insert_job",
             request.id,
@@ -40,10 +41,32 @@ class JobRows(StoreBase):
             request.timeout,
             request.idempotency_key,
             relay_grace,
+            request.run_at,
+            request.delay,
         )
         if row is not None:
             return JobRecord.from_row(row), row["publish_after"]
         return await self.get_job(request.id), None
+
+    async def defer_job(self, request: ClaimRequest) -> bool:
+        """Record a delivered job that asks for a later start as ``scheduled``, if it has no
+        row and is not due yet; True when it did (the delivery is then acked, and the relay
+        publishes the job at its time), False: claim it as usual."""
+        row = await self._fetchrow(
+            "defer_job",
+            request.id,
+            request.type,
+            request.queue,
+            request.tenant,
+            request.args,
+            request.priority,
+            request.max_attempts,
+            request.timeout,
+            request.idempotency_key,
+            request.run_at,
+            request.delay,
+        )
+        return row is not None
 
     async def get_job(self, job_id: str) -> JobRecord:
         """The job ``job_id`` names; or, for the message id of a raw delivery that was a

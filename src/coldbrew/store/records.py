@@ -65,6 +65,8 @@ class ClaimResult:
     checkpoint: Any
     started_at: datetime | None
     mark: CommitMark | None = None
+    snoozes: int = 0
+    """Times the job snoozed: its attempts spent are ``attempt - snoozes``."""
     """Set when the claim committed asynchronously: it is not durable until a later
     synchronous commit covers it (a completion's mark, or ``durability_barrier``).
     None: durable already."""
@@ -92,12 +94,14 @@ class Outcome:
     progress_message: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)  # kw_only: JobFields ends with fields that have defaults
 class DuePublish(JobFields):
     """A row the relay must (re)publish: the job's fields, and where its row stands."""
 
     attempt: int
     publish_after: datetime
+    was: str = "queued"
+    """The row's status before the relay took it (``scheduled``: it was waiting for run_at)."""
 
     @classmethod
     def from_row(cls, row: Any) -> DuePublish:
@@ -113,6 +117,7 @@ class DuePublish(JobFields):
             idempotency_key=row["idempotency_key"],
             attempt=row["attempt"],
             publish_after=row["publish_after"],
+            was=row["was"],
         )
 
 
@@ -127,6 +132,8 @@ class QueueStats:
     failed: int
     oldest_waiting_seconds: float
     finished: int = 0
+    scheduled: int = 0
+    """Jobs waiting for their ``run_at`` (status ``scheduled``): not backlog."""
 
 
 class RawJSON(str):

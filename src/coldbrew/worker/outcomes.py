@@ -15,7 +15,8 @@ from typing import Any
 import structlog
 
 from coldbrew import retry, storable
-from coldbrew.errors import UnstorableData, UnstorableValue
+from coldbrew.durations import MAX_SCHEDULE_SECONDS
+from coldbrew.errors import Snooze, UnstorableData, UnstorableValue
 from coldbrew.jobstate import JobState
 from coldbrew.model import Status
 from coldbrew.settings import Settings
@@ -75,7 +76,7 @@ def failed(
     decision = retry.decide(
         policy,
         exc,
-        attempt=state.attempt,
+        attempt=state.attempt - claim.snoozes,  # the budget: snoozes spent no attempt
         first_started_at=claim.started_at,
         now=datetime.now(UTC),
         rand=rand.random,
@@ -99,6 +100,37 @@ def failed(
         delay=decision.delay,
         dead_reason=decision.reason,
     )
+
+
+def snoozed(state: JobState, claim: ClaimResult, snooze: Snooze, *, now: datetime) -> Outcome:
+    """The outcome of a job that snoozed: ``scheduled`` again after ``snooze.seconds``
+    (complete_batch counts the snooze, which gives back this attempt), or ``dead`` when
+    waiting that long would pass the job's ``max_wall_seconds`` since its first start."""
+    seconds = snooze.seconds
+    if seconds > MAX_SCHEDULE_SECONDS:
+        return Outcome(
+            state.id,
+            state.attempt,
+            Status.FAILED,
+            error_kind="invalid_snooze",
+            error_message=f"Snooze({seconds:g}) is more than {MAX_SCHEDULE_SECONDS:g} s ahead",
+        )
+    wall = state.delivery.spec.max_wall_seconds
+    started = claim.started_at or now
+    if wall is not None and (now - started).total_seconds() + seconds > wall:
+        return Outcome(
+            state.id,
+            state.attempt,
+            Status.DEAD,
+            error_kind="snoozed",
+            error_message=(
+                f"snoozing {seconds:g} s more would pass max_wall_seconds ({wall:g} s) since the "
+                f"first start, after {claim.snoozes} snoozes"
+            ),
+            dead_reason="max_wall_seconds",
+        )
+    log.debug("job_snoozed", job_id=state.id, seconds=seconds, snoozes=claim.snoozes + 1)
+    return Outcome(state.id, state.attempt, Status.SCHEDULED, delay=seconds)
 
 
 def refused(outcome: Outcome, exc: UnstorableData) -> Outcome:

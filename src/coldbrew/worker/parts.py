@@ -264,7 +264,13 @@ async def _open_liveness(
 ) -> tuple[Relay, Reaper, Liveness]:
     """Register the worker (before it consumes); the relay and reaper act on what it finds."""
     settings, metrics = shared.settings, shared.metrics
-    relay = Relay(store, broker, metrics, interval=settings.relay_interval_seconds)
+    relay = Relay(
+        store,
+        broker,
+        metrics,
+        interval=settings.relay_interval_seconds,
+        batch=settings.relay_batch,
+    )
     reaper = Reaper(
         store,
         broker,

@@ -89,7 +89,11 @@ class OutcomeWriter:
         else:
             if self.claim_acks is not None:  # its commit made earlier async claims durable
                 self.claim_acks.completed(written)
-            handles.finish(outcome.status, elapsed)
+            if outcome.status is Status.SCHEDULED:  # a snooze: no attempt spent
+                handles.duration.observe(elapsed)
+                self.metrics.jobs_snoozed.labels(delivery.spec.name).inc()
+            else:
+                handles.finish(outcome.status, elapsed)
             if outcome.status is Status.RETRYING:
                 handles.retries.inc()
             elif outcome.status is Status.DEAD:

@@ -22,6 +22,7 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import structlog
@@ -30,7 +31,7 @@ from coldbrew.breaker import Breakers
 from coldbrew.caps import Capped, claim_capped
 from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.context import Context
-from coldbrew.errors import ContractViolation, JobCancelled, JobTimeout, UnstorableData
+from coldbrew.errors import ContractViolation, JobCancelled, JobTimeout, Snooze, UnstorableData
 from coldbrew.jobstate import Delivery, InFlight, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
 from coldbrew.procpool import ProcessPool
@@ -103,6 +104,8 @@ class JobRunner:
         """Claim, ack, run and record one delivery of no capped scope. Never raises
         (but CancelledError)."""
         request = self._claim_request(delivery)
+        if request.deferred and await self._deferred(delivery, request):
+            return
         if not await self._admitted(delivery, request):
             return
         claim = await self._claim(delivery, lambda: self.store.claims.claim(request))
@@ -121,6 +124,8 @@ class JobRunner:
         limits (``buckets``: rates/claim.py), or both: ``Capped`` when a cap left no room,
         ``RateLimited`` when a bucket had no token; the caller holds the delivery then."""
         request = self._claim_request(delivery)
+        if request.deferred and await self._deferred(delivery, request):
+            return None
         if not await self._admitted(delivery, request):
             return None
         if capped:
@@ -154,6 +159,26 @@ class JobRunner:
         log.info("unique_duplicate", job_id=request.id, duplicate_of=admission.duplicate_of)
         await delivery.message.ack()
         return False
+
+    async def _deferred(self, delivery: Delivery, request: ClaimRequest) -> bool:
+        """A raw message asked for a later start (``x-run-at``/``x-delay-seconds``): record its
+        job as ``scheduled`` and ack the delivery, so that it runs when the relay publishes it
+        at its time. False (claim as usual): the row exists, or the time has come already.
+        True also when the delivery was settled otherwise (refused data, drained)."""
+        try:
+            recorded = await self.writer.until_db_ok(lambda: self.store.jobs.defer_job(request))
+        except UnstorableData as exc:
+            violation = ContractViolation("unstorable", f"PostgreSQL refused the job: {exc}")
+            self.dead_letters.reject(delivery.message, violation)
+            return True
+        if recorded is None:  # stopping while the database is away
+            await delivery.message.requeue()
+            return True
+        if recorded:
+            self.metrics.scheduled_deliveries.labels("deferred").inc()
+            log.debug("job_deferred", job_id=request.id, run_at=request.run_at, delay=request.delay)
+            await delivery.message.ack()
+        return recorded
 
     async def _claim(self, delivery: Delivery, op: Callable[[], Awaitable[C]]) -> C | None:
         """Upsert and claim the delivery's job, waiting out a database outage.
@@ -210,6 +235,9 @@ class JobRunner:
         env = delivery.envelope
         if claim.status == "dead":
             await self.writer.publish_dead(delivery, "max_attempts", "retry budget spent at claim")
+        elif claim.status == "scheduled":  # early: the relay publishes it at its run_at
+            self.metrics.scheduled_deliveries.labels("early").inc()
+            log.debug("early_delivery", job_id=env.id)
         else:
             self.metrics.duplicate_deliveries.labels(env.queue).inc()
             self.metrics.redeliveries.labels("duplicate").inc()
@@ -234,6 +262,7 @@ class JobRunner:
             store=self.store,
             on_progress=state.report_progress,
             breakers=self.breakers,
+            snoozes=claim.snoozes,
         )
         try:
             if spec.is_coroutine:
@@ -246,10 +275,16 @@ class JobRunner:
             return await self._stopped(state, ctx)
         except JobCancelled:
             return await self._stopped(state, ctx)
+        except Snooze as snooze:
+            if state.stop is not None:
+                return await self._stopped(state, ctx)
+            return outcomes.snoozed(state, claim, snooze, now=datetime.now(UTC))
         except Exception as exc:  # noqa: BLE001 - a job's own exception is data, classified below
             if state.stop is not None:
                 return await self._stopped(state, ctx)
             return outcomes.failed(state, claim, exc, settings=self.settings, rand=self._rand)
+        if isinstance(result, Snooze):  # ``return Snooze(s)``: the same as raising it
+            return outcomes.snoozed(state, claim, result, now=datetime.now(UTC))
         return outcomes.succeeded(state, result)
 
     async def _run_coroutine(self, state: JobState, ctx: Context, timeout: float | None) -> Any:
@@ -281,6 +316,7 @@ class JobRunner:
             "queue": ctx.queue,
             "max_attempts": claim.max_attempts,
             "checkpoint": claim.checkpoint,
+            "snoozes": claim.snoozes,
         }
         if state.stop is not None:
             raise JobCancelled(state.stop.value)

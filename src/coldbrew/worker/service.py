@@ -102,6 +102,8 @@ class Periodic:
 
     ``step`` returns how much it did; a result of ``full_batch`` or more means
     more work is waiting. Outages are logged and retried with ``Backoff``.
+    ``wait``, if given, says how long to sleep after a step that was not full
+    (the relay wakes at the next scheduled job's time); ``interval`` otherwise.
     """
 
     def __init__(
@@ -112,12 +114,14 @@ class Periodic:
         interval: float,
         full_batch: int,
         backoff_cap: float = 30.0,
+        wait: Callable[[], float] | None = None,
     ) -> None:
         self.name = name
         self.step = step
         self.interval = interval
         self.full_batch = full_batch
         self.backoff_cap = backoff_cap
+        self.wait = wait
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = Backoff(first=self.interval * 2, cap=max(self.backoff_cap, self.interval))
@@ -131,4 +135,4 @@ class Periodic:
                 continue
             backoff.reset()
             if done < self.full_batch:
-                await sleep_unless(stop, self.interval)
+                await sleep_unless(stop, self.interval if self.wait is None else self.wait())
