@@ -3,7 +3,7 @@
 It migrates a demo namespace (``COLDBREW_NAMESPACE`` or ``--namespace`` when
 given, else ``coldbrew_demo``), starts a worker in this process with the
 example app, submits a handful of jobs (coroutines with progress, CPU-bound
-transcodes in the process pool, one cancelled while it waits, a flaky job that
+transcodes in the process pool, one scheduled for later and cancelled, a flaky job that
 retries, a job that fails permanently, a new tenant, a garbage message) and
 follows them to their end: live progress bars on a terminal, one line per
 change (each with its job id) otherwise. Then it prints each job once with its
@@ -113,11 +113,15 @@ async def _submit_all(client: Client, settings: Settings, say: Say) -> dict[str,
             priority=5,
         )
         expected[job.id] = Status.SUCCEEDED
-    # a third transcode waits behind the two (the pool has two processes): cancel it
+    # a third transcode is scheduled for an hour from now, then cancelled: it never runs
+    # (cancelling one that waits for a pool process would race the worker)
     blooper = await client.submit(
-        "transcode", {"video_id": "blooper", "resolutions": resolutions}, tenant="globex"
+        "transcode",
+        {"video_id": "blooper", "resolutions": resolutions},
+        tenant="globex",
+        delay=3600,
     )
-    await client.cancel(blooper.id, "cancelled by the demo while it waited")
+    await client.cancel(blooper.id, "cancelled by the demo while it was scheduled")
     expected[blooper.id] = Status.CANCELLED
     notify = {"user": "ada", "message": "your video is ready"}
     first = await client.submit("notify", notify, tenant="initech", idempotency_key="ada-1")
