@@ -80,8 +80,16 @@ def copy_of(message: Inbound) -> aio_pika.Message:
 class Publisher:
     """Publishes on the confirming channel's exchanges, each publish awaiting its confirm."""
 
-    def __init__(self, exchanges: Exchanges, *, timeout: float) -> None:
+    def __init__(
+        self,
+        exchanges: Exchanges,
+        *,
+        timeout: float,
+        job_lanes: Sequence[AbstractRobustExchange] = (),
+    ) -> None:
         self._exchanges = exchanges
+        # the jobs exchange on each confirming channel publish_jobs spreads over
+        self._job_lanes = list(job_lanes) or [exchanges.jobs]
         self._timeout = timeout
 
     async def publish_job(self, job: JobFields) -> None:
@@ -90,19 +98,27 @@ class Publisher:
         await self._publish(jobs, job_message(job), routing_key(job.queue, job.tenant))
 
     async def publish_jobs(self, jobs: Sequence[JobFields], *, window: int) -> list[bool]:
-        """Publish many with confirms pipelined (``window`` in flight); True where confirmed."""
-        limit = asyncio.Semaphore(window)
+        """Publish many with confirms pipelined (``window`` in flight); True where confirmed.
 
-        async def one(job: JobFields) -> bool:
+        The jobs go round the publishing lanes (channels): one channel's confirmed
+        publishes are the relay's throughput bound (broker.PUBLISH_LANES).
+        """
+        limit = asyncio.Semaphore(window)
+        lanes = self._job_lanes
+
+        async def one(index: int, job: JobFields) -> bool:
+            exchange = lanes[index % len(lanes)]
             async with limit:
                 try:
-                    await self.publish_job(job)
+                    await self._publish(
+                        exchange, job_message(job), routing_key(job.queue, job.tenant)
+                    )
                 except BrokerUnavailable as exc:
                     log.warning("publish_failed", job_id=job.id, error=str(exc))
                     return False
                 return True
 
-        return list(await asyncio.gather(*(one(job) for job in jobs)))
+        return list(await asyncio.gather(*(one(i, job) for i, job in enumerate(jobs))))
 
     async def republish(self, message: Inbound) -> None:
         """Publish a delivery again to the jobs exchange, unchanged (after provisioning)."""
