@@ -21,7 +21,6 @@ from coldbrew.errors import BrokerUnavailable
 from coldbrew.model import JobFields
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker, Inbound
-from coldbrew.transport.broker import PUBLISH_LANES
 from tests.helpers import AMQP_URL, drop_broker_entities, read_dead_letters, wait_until
 
 UPSTREAM = urlsplit(AMQP_URL)
@@ -184,29 +183,3 @@ async def test_in_an_outage_calls_raise_broker_unavailable_or_answer_false(
     assert fresh.message_id == "j3"
     assert got.empty()  # each delivery once: nothing settled twice, nothing lost
     assert await fresh.ack()
-
-
-async def test_publish_jobs_confirms_each_job_over_every_lane_and_after_an_outage(
-    broker: Broker, proxy: CuttableProxy
-) -> None:
-    """publish_jobs spreads a batch over PUBLISH_LANES channels: every job is confirmed
-    and delivered exactly once, and the lanes come back with the connection."""
-    count = 2 * PUBLISH_LANES + 1
-    got = await consume(broker)
-    assert await broker.publish_jobs([job(i) for i in range(count)]) == [True] * count
-    ids = set()
-    for _ in range(count):
-        message = await asyncio.wait_for(got.get(), timeout=10)
-        ids.add(message.message_id)
-        assert await message.ack()
-    assert ids == {f"j{i}" for i in range(count)}
-
-    await proxy.cut()
-    assert await broker.publish_jobs([job(100)]) == [False]  # not confirmed: the relay retries
-    await proxy.resume()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20
-    later = [job(200 + i) for i in range(count)]
-    while not all(confirmed := await broker.publish_jobs(later)):
-        assert loop.time() < deadline, f"lanes not restored: {confirmed}"
-        await asyncio.sleep(0.2)
