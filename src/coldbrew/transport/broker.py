@@ -20,18 +20,11 @@ from coldbrew.model import JobFields
 from coldbrew.topology import Topology
 from coldbrew.transport.connection import BrokerConnection
 from coldbrew.transport.consume import Consumers
-from coldbrew.transport.declare import declare_fixed, declare_job_queue, declare_jobs_exchange
+from coldbrew.transport.declare import declare_fixed, declare_job_queue
 from coldbrew.transport.inbound import Inbound, OnDelivery, QueueCancels, requeue_all
 from coldbrew.transport.inspect import QueueCounts, QueueInspector
 from coldbrew.transport.publish import PUBLISH_ERRORS, Publisher
 from coldbrew.transport.sweep import Sweep, Sweeper
-
-PUBLISH_LANES = 4
-"""Confirming channels ``publish_jobs`` spreads a batch over. With consumers on the
-queue, one channel's publishes-with-confirms ran ~1,000/s on the bench machine
-whatever the window (RabbitMQ's per-channel flow credit towards the queue), and
-the relay, publishing every scheduled or relayed row, drained at that rate; four
-channels of one connection ran ~1,900/s (bench/README "relay publish rate")."""
 
 
 class Broker:
@@ -55,7 +48,6 @@ class Broker:
         )
         self._publish_timeout = publish_timeout
         self._channel: AbstractRobustChannel | None = None
-        self._lane_channels: list[AbstractRobustChannel] = []
         self._publisher: Publisher | None = None
         self.queue_cancels = QueueCancels()
         """Consumed queues the broker cancelled (deleted), for the reconciler to restore."""
@@ -72,12 +64,7 @@ class Broker:
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self.consumers.open(prefetch=prefetch)
         exchanges = await declare_fixed(self._channel, self.topology)
-        lanes = [exchanges.jobs]
-        for _ in range(PUBLISH_LANES - 1):
-            channel = await self._connection.channel(publisher_confirms=True)
-            self._lane_channels.append(channel)  # robust channels need a reference (SEMANTICS §5)
-            lanes.append(await declare_jobs_exchange(channel, self.topology))
-        self._publisher = Publisher(exchanges, timeout=self._publish_timeout, job_lanes=lanes)
+        self._publisher = Publisher(exchanges, timeout=self._publish_timeout)
 
     async def close(self) -> None:
         await self._connection.close()

@@ -25,18 +25,6 @@ class Exchanges:
     dead: AbstractRobustExchange
 
 
-async def declare_jobs_exchange(
-    channel: AbstractRobustChannel, topo: Topology
-) -> AbstractRobustExchange:
-    """The jobs exchange on ``channel`` (the publishing lanes each declare it on their own)."""
-    return await channel.declare_exchange(
-        topo.jobs_exchange,
-        aio_pika.ExchangeType.TOPIC,
-        durable=True,
-        arguments=topo.jobs_exchange_arguments(),
-    )
-
-
 async def declare_fixed(channel: AbstractRobustChannel, topo: Topology) -> Exchanges:
     """Exchanges and the unrouted and dead queues."""
     unrouted = await channel.declare_exchange(
@@ -45,7 +33,12 @@ async def declare_fixed(channel: AbstractRobustChannel, topo: Topology) -> Excha
     dead = await channel.declare_exchange(
         topo.dead_exchange, aio_pika.ExchangeType.FANOUT, durable=True
     )
-    jobs = await declare_jobs_exchange(channel, topo)
+    jobs = await channel.declare_exchange(
+        topo.jobs_exchange,
+        aio_pika.ExchangeType.TOPIC,
+        durable=True,
+        arguments=topo.jobs_exchange_arguments(),
+    )
     unrouted_queue = await channel.declare_queue(
         topo.unrouted_queue, durable=True, arguments=topo.unrouted_queue_arguments()
     )

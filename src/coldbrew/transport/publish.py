@@ -80,16 +80,8 @@ def copy_of(message: Inbound) -> aio_pika.Message:
 class Publisher:
     """Publishes on the confirming channel's exchanges, each publish awaiting its confirm."""
 
-    def __init__(
-        self,
-        exchanges: Exchanges,
-        *,
-        timeout: float,
-        job_lanes: Sequence[AbstractRobustExchange] = (),
-    ) -> None:
+    def __init__(self, exchanges: Exchanges, *, timeout: float) -> None:
         self._exchanges = exchanges
-        # the jobs exchange on each confirming channel publish_jobs spreads over
-        self._job_lanes = list(job_lanes) or [exchanges.jobs]
         self._timeout = timeout
 
     async def publish_job(self, job: JobFields) -> None:
@@ -98,27 +90,19 @@ class Publisher:
         await self._publish(jobs, job_message(job), routing_key(job.queue, job.tenant))
 
     async def publish_jobs(self, jobs: Sequence[JobFields], *, window: int) -> list[bool]:
-        """Publish many with confirms pipelined (``window`` in flight); True where confirmed.
-
-        The jobs go round the publishing lanes (channels): one channel's confirmed
-        publishes are the relay's throughput bound (broker.PUBLISH_LANES).
-        """
+        """Publish many with confirms pipelined (``window`` in flight); True where confirmed."""
         limit = asyncio.Semaphore(window)
-        lanes = self._job_lanes
 
-        async def one(index: int, job: JobFields) -> bool:
-            exchange = lanes[index % len(lanes)]
+        async def one(job: JobFields) -> bool:
             async with limit:
                 try:
-                    await self._publish(
-                        exchange, job_message(job), routing_key(job.queue, job.tenant)
-                    )
+                    await self.publish_job(job)
                 except BrokerUnavailable as exc:
                     log.warning("publish_failed", job_id=job.id, error=str(exc))
                     return False
                 return True
 
-        return list(await asyncio.gather(*(one(i, job) for i, job in enumerate(jobs))))
+        return list(await asyncio.gather(*(one(job) for job in jobs)))
 
     async def republish(self, message: Inbound) -> None:
         """Publish a delivery again to the jobs exchange, unchanged (after provisioning)."""
