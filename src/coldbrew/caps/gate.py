@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from coldbrew.caps.decision import Capped
+from coldbrew.holds import drain_held, held_items, remove_held_where
 from coldbrew.jobstate import Delivery
 from coldbrew.metrics import Metrics
 from coldbrew.scheduler import FairScheduler, Pending
@@ -290,32 +291,17 @@ class CapGate:
 
     def held_items(self) -> Iterator[Pending[Delivery]]:
         """Every delivery held here: waiting in a type's ``held`` or its capped claim in flight."""
-        for cap in self._scopes.values():
-            if cap.held:
-                yield from cap.held.items()
-        for pending, _ in self._claiming.values():
-            yield pending
+        return held_items(self._scopes.values(), self._claiming)
 
     def remove_held_where(
         self, pred: Callable[[Pending[Delivery]], bool]
     ) -> list[Pending[Delivery]]:
         """Take out the deliveries held for types for which ``pred`` is true."""
-        removed: list[Pending[Delivery]] = []
-        for cap in self._scopes.values():
-            if cap.held:
-                removed.extend(cap.held.remove_where(pred))
-        return removed
+        return remove_held_where(self._scopes.values(), pred)
 
     def drain(self) -> list[Pending[Delivery]]:
         """Stop the timers and give back every delivery held for a type (shutdown)."""
-        waiting: list[Pending[Delivery]] = []
-        for cap in self._scopes.values():
-            if cap.timer is not None:
-                cap.timer.cancel()
-                cap.timer = None
-            if cap.held is not None:
-                waiting.extend(cap.held.drain())
-                cap.held = None
+        waiting = drain_held(self._scopes.values())
         self._held_ready.clear()
         return waiting
 

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from coldbrew.holds import drain_held, held_items, remove_held_where
 from coldbrew.jobstate import Delivery
 from coldbrew.metrics import Metrics
 from coldbrew.ratelimit import Rate
@@ -244,32 +245,17 @@ class RateGate:
 
     def held_items(self) -> Iterator[Pending[Delivery]]:
         """Every delivery held here: waiting in a bucket's ``held`` or its claim in flight."""
-        for state in self._buckets.values():
-            if state.held:
-                yield from state.held.items()
-        for pending, _ in self._claiming.values():
-            yield pending
+        return held_items(self._buckets.values(), self._claiming)
 
     def remove_held_where(
         self, pred: Callable[[Pending[Delivery]], bool]
     ) -> list[Pending[Delivery]]:
         """Take out the deliveries held for buckets for which ``pred`` is true."""
-        removed: list[Pending[Delivery]] = []
-        for state in self._buckets.values():
-            if state.held:
-                removed.extend(state.held.remove_where(pred))
-        return removed
+        return remove_held_where(self._buckets.values(), pred)
 
     def drain(self) -> list[Pending[Delivery]]:
         """Stop the timers and give back every delivery held for a type or key (shutdown)."""
-        waiting: list[Pending[Delivery]] = []
-        for state in self._buckets.values():
-            if state.timer is not None:
-                state.timer.cancel()
-                state.timer = None
-            if state.held is not None:
-                waiting.extend(state.held.drain())
-                state.held = None
+        waiting = drain_held(self._buckets.values())
         self._held_ready.clear()
         return waiting
 
