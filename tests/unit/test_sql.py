@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import coldbrew.sql
 import coldbrew.store
 from coldbrew.sql import LATEST_VERSION, QUERIES, migrations, parse_queries, read_sql
 from coldbrew.store import ClaimConfig, DeadLetterStore
@@ -185,8 +186,12 @@ def test_every_query_has_a_description_and_a_statement(name: str) -> None:
 
 
 def test_every_name_line_is_parsed() -> None:
-    """Each ``-- name:`` line in queries.sql became a query (a bad name would merge blocks)."""
-    source = read_sql("queries.sql")
+    """Each ``-- name:`` line in queries.sql and queries/*.sql became a query (a bad name
+    would merge blocks)."""
+    folder = Path(coldbrew.sql.__file__).parent / "queries"
+    source = read_sql("queries.sql") + "".join(
+        path.read_text(encoding="utf-8") for path in sorted(folder.glob("*.sql"))
+    )
     declared = re.findall(r"^-- name:\s*(\S+)\s*$", source, re.MULTILINE)
     assert sorted(declared) == sorted(QUERIES)
 
@@ -262,3 +267,17 @@ def test_every_sql_file_in_migrations_is_a_migration() -> None:
     for name in names:
         assert re.fullmatch(r"\d{4}_[a-z0-9_]+\.sql", name), name
     assert len(names) == len(migrations())
+
+
+def test_a_name_defined_in_two_files_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two feature files that define one name fail at import, not by one silently winning."""
+    import importlib.resources
+
+    (tmp_path / "queries").mkdir()
+    (tmp_path / "queries.sql").write_text("-- name: a_query\n-- does a\nSELECT 1;\n")
+    (tmp_path / "queries" / "x.sql").write_text("-- name: a_query\n-- does a again\nSELECT 2;\n")
+    monkeypatch.setattr(importlib.resources, "files", lambda _package: tmp_path)
+    with pytest.raises(ValueError, match="defined twice"):
+        coldbrew.sql.all_queries()

@@ -1,9 +1,12 @@
-"""Loads ``queries.sql`` into a read-only mapping of named statements.
+"""Loads ``queries.sql`` and ``queries/*.sql`` into one read-only mapping of named statements.
 
 All of coldbrew's SQL lives in this folder: ``schema.sql`` (the latest
-schema), ``migrations/NNNN_*.sql`` (how to get there) and ``queries.sql``
-(every statement the store sends). The loader also counts each query's
-positional parameters so a test can check every call site.
+schema), ``migrations/NNNN_*.sql`` (how to get there), ``queries.sql`` (the
+statements of the core: submit, claim, outcome, relay, reaper, ...) and
+``queries/<concern>.sql`` (one file per later feature, so that features built
+side by side do not edit one file). A name is defined once across all files.
+The loader also counts each query's positional parameters so a test can check
+every call site.
 """
 
 from __future__ import annotations
@@ -69,5 +72,25 @@ def migrations() -> list[tuple[int, str, str]]:
     return found
 
 
-QUERIES: Final = MappingProxyType(parse_queries(read_sql("queries.sql")))
+def all_queries() -> dict[str, Query]:
+    """``queries.sql`` and every ``queries/*.sql``, merged; a name defined twice is an error."""
+    merged = parse_queries(read_sql("queries.sql"))
+    folder = resources.files(__package__).joinpath("queries")
+    files = (
+        sorted(
+            (entry for entry in folder.iterdir() if entry.name.endswith(".sql")),
+            key=lambda e: e.name,
+        )
+        if folder.is_dir()
+        else []
+    )
+    for entry in files:
+        for name, query in parse_queries(entry.read_text(encoding="utf-8")).items():
+            if name in merged:
+                raise ValueError(f"query {name!r} is defined twice (again in queries/{entry.name})")
+            merged[name] = query
+    return merged
+
+
+QUERIES: Final = MappingProxyType(all_queries())
 LATEST_VERSION: Final = max(version for version, _, _ in migrations())
