@@ -31,23 +31,25 @@ smaller: each change is a cancel and a consume per tenant queue."""
 
 
 class StartRate:
-    """Jobs started per second: an exponentially weighted mean over about ``window`` s."""
+    """Jobs started per second: an exponentially weighted mean over about ``window`` s of
+    the count the caller passes (the worker passes its finishes: in a steady state they
+    are its starts, and a start-up burst is not one)."""
 
     def __init__(self, window: float, now: float) -> None:
         self.window = window
         self.rate = 0.0
         self._last = now
-        self._started = 0
+        self._count = 0
 
-    def tick(self, now: float, started: int) -> float:
-        """Fold in the starts since the last tick (``started`` counts them all so far)."""
+    def tick(self, now: float, count: int) -> float:
+        """Fold in the events since the last tick (``count`` counts them all so far)."""
         elapsed = now - self._last
         if elapsed <= 0:
             return self.rate
-        instant = (started - self._started) / elapsed
+        instant = (count - self._count) / elapsed
         weight = 1.0 - math.exp(-elapsed / self.window)
         self.rate += weight * (instant - self.rate)
-        self._last, self._started = now, started
+        self._last, self._count = now, count
         return self.rate
 
 

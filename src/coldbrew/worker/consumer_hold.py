@@ -8,7 +8,7 @@ when the worker is saturated and holds enough, consumes again as soon as a
 slot frees, and re-consumes with a new prefetch when the rate has moved by
 half or double (a live ``basic.qos`` does not reach a running consumer).
 
-The intake tells it of each start and of the load (``note``), a handful of
+The intake tells it of each finish and of the load (``note``), a handful of
 integer operations per job; the service wakes only when the pause state
 should change, or every ``TICK_SECONDS`` to fold the start rate in.
 
@@ -37,8 +37,8 @@ log = structlog.get_logger("coldbrew.hold")
 
 TICK_SECONDS = 0.25
 """How often the start rate is folded in (and the prefetch reconsidered)."""
-RATE_WINDOW_SECONDS = 2.0
-"""The start rate's averaging window: a start-up burst of N starts counts as N/2 per s."""
+RATE_WINDOW_SECONDS = 0.5
+"""The start rate's averaging window (a few ticks: a no-op drain reaches its hold in ~1 s)."""
 RESIZE_EVERY_SECONDS = 1.0
 """At most one re-consume with a new prefetch per this (each costs a cancel and a
 consume per tenant queue)."""
@@ -60,8 +60,14 @@ class ConsumerHold:
         self.broker = broker
         self.lifecycle = lifecycle
         self.metrics = metrics
-        self.started = 0
-        """Jobs started so far (the intake counts them)."""
+        self.finished = 0
+        """Jobs finished so far (the intake counts them): the start rate is read from them.
+
+        In a steady state a worker starts as many jobs as it finishes (Little's
+        law), and counting finishes does not mistake a start-up burst (a free
+        worker filling its slots at once) for a rate: a worker of 30-second
+        jobs finishes nothing for 30 s, so it holds nothing beyond its slots.
+        """
         self._rate = StartRate(RATE_WINDOW_SECONDS, time.monotonic())
         self._running = 0
         self._waiting = 0
@@ -107,7 +113,7 @@ class ConsumerHold:
 
     async def apply(self, now: float) -> None:
         """Fold in the start rate and change the consumers if the plan says so."""
-        rate = self._rate.tick(now, self.started)
+        rate = self._rate.tick(now, self.finished)
         consumers = self.broker.consumers
         action = plan(
             self.limits,

@@ -262,9 +262,7 @@ class Intake:
         self, pending: Pending[Delivery], scopes: tuple[Scope, ...], buckets: tuple[Bucket, ...]
     ) -> None:
         self.running += 1
-        hold = self.hold
-        hold.started += 1
-        hold.note(self.running, len(self.scheduler))
+        self.hold.note(self.running, len(self.scheduler))
         task = asyncio.create_task(self._run_one(pending, scopes, buckets))
         self.tasks.add(task)
         task.add_done_callback(self._job_done)
@@ -322,6 +320,7 @@ class Intake:
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self.running -= 1
+        self.hold.finished += 1
         self.tasks.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("job_task_crashed", error=repr(exc), exc_info=exc)
