@@ -128,8 +128,11 @@ def scraped_names(text: str) -> set[str]:
     """The sample names in a /metrics text exposition (and its # HELP/# TYPE names)."""
     names = set()
     for line in text.splitlines():
-        if line.startswith("# HELP ") or line.startswith("# TYPE "):
-            names.add(line.split(" ", 3)[2])
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            names.add(name)
+            if kind == "histogram":  # a labelled one has no sample before its first child
+                names.update(f"{name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
         elif line and not line.startswith("#"):
             names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
     return names
