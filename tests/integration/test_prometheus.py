@@ -10,6 +10,7 @@ reason, where the binary is absent; .ci/run installs it, so CI runs it.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import time
@@ -147,6 +148,7 @@ async def test_prometheus_scrapes_a_worker_under_load_and_answers_every_query(
         await _check_load_is_seen(query, worker.settings.concurrency)
         await _check_every_query(query, http)  # while one tenant waits and another runs
         await load
+        await _check_plan_reads_prometheus(env, str(http.base_url))
         resumed = await run_cli(env, "tenants", "resume", "acme")
         assert resumed.returncode == 0, resumed.stderr
         # the tenant's row leaves the gauges once nothing of it waits: absent counts as 0
@@ -234,3 +236,19 @@ async def _check_names(worker_port: int, client: Client) -> None:
         if name.startswith("coldbrew_") and name not in exported
     }
     assert missing == {}
+
+
+async def _check_plan_reads_prometheus(env: dict[str, str], url: str) -> None:
+    """`coldbrew plan --prometheus` takes λ and W from the counters this Prometheus holds."""
+    done = await run_cli(env, "plan", "--prometheus", url, "--window", "30s", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["source"] == "prometheus"
+    lane = next(row for row in result["lanes"] if row["queue"] == "default")
+    assert lane["status"] == "ok", lane
+    assert lane["arrival_rate"] > 1.0, "the load's jobs ended, a few dozen a second"
+    assert 0 < lane["service_mean_seconds"] < 1.0, "noop jobs take milliseconds"
+    assert lane["slots"] > 0
+    bad = await run_cli(env, "plan", "--prometheus", url + "/nothing-here", "--window", "30s")
+    assert bad.returncode != 0
+    assert "--prometheus" in bad.stderr

@@ -44,6 +44,12 @@ def add_commands(sub: Subparsers[Parser]) -> None:
         metavar="RATE",
         help="plan for other arrivals: a multiplier (2x) or a rate per lane (30/s, 600/m)",
     )
+    plan.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="take λ and W from this Prometheus (the fleet's counters over --window) "
+        "instead of the job table; c still comes from the workers table",
+    )
     plan.add_argument("--queue", action="append", help="only this lane (repeatable)")
     plan.add_argument("--json", action="store_true")
 
@@ -59,6 +65,10 @@ async def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
         await store.check_schema()
         figures = await store.capacity.lane_figures(window)
         workers = [w for w in await store.liveness.list_workers() if w.alive]
+    if args.prometheus:
+        from coldbrew.cli.promfigures import lane_figures
+
+        figures = await lane_figures(args.prometheus, window, figures)
     plans = []
     for lane in figures:
         if args.queue and lane.queue not in args.queue:
@@ -77,6 +87,7 @@ async def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
                 "window_seconds": window,
                 "target_wait": str(target),
                 "what_if_rate": args.what_if_rate,
+                "source": "prometheus" if args.prometheus else "postgresql",
                 "lanes": [p.to_json() for p in plans],
             }
         )
