@@ -7,15 +7,17 @@ import time
 
 from coldbrew.app import load_app
 from coldbrew.settings import Settings
+from coldbrew.worker import Worker
 from tests.helpers import WorkerFactory, metric, wait_until
 
 SCHEDULE = "every-second"
 
 
-async def test_a_ready_worker_exports_its_state_and_slots(
+async def test_worker_state_slots_and_cron_next_tick(
     start_worker: WorkerFactory, settings: Settings
 ) -> None:
-    worker = await start_worker(concurrency=7)
+    """One worker (starting one costs seconds): its state series, then the cron series."""
+    worker = await start_worker(load_app("tests.cron_apps:app"), concurrency=7)
     assert metric(worker, "coldbrew_worker_ready") == 1.0
     assert metric(worker, "coldbrew_database_up") == 1.0
     assert metric(worker, "coldbrew_broker_up") == 1.0
@@ -24,6 +26,8 @@ async def test_a_ready_worker_exports_its_state_and_slots(
     assert metric(worker, "coldbrew_database_up") == 0.0
     assert metric(worker, "coldbrew_worker_ready") == 0.0, "readiness follows the database"
     worker.lifecycle.set_database_ok(True)
+    assert metric(worker, "coldbrew_worker_ready") == 1.0
+    await _check_cron_next_tick(worker)
     worker.stop()
     await wait_until(lambda: _not_ready(worker), timeout=30)
 
@@ -32,10 +36,8 @@ async def _not_ready(worker: object) -> bool:
     return metric(worker, "coldbrew_worker_ready") == 0.0
 
 
-async def test_cron_next_tick_is_ahead_while_firing_and_dropped_while_paused(
-    start_worker: WorkerFactory, settings: Settings
-) -> None:
-    worker = await start_worker(load_app("tests.cron_apps:app"))
+async def _check_cron_next_tick(worker: Worker) -> None:
+    """Just ahead of the clock while the schedule fires; dropped while it is paused."""
     await wait_until(lambda: _next_tick_set(worker), timeout=10)
     for _ in range(3):  # the loop keeps it just ahead of the clock: never overdue
         next_tick = metric(worker, "coldbrew_cron_next_tick_timestamp_seconds", schedule=SCHEDULE)

@@ -1,5 +1,9 @@
 """`coldbrew plan` on a real backlog: too little data says how much more it needs, then
-Little's law and Erlang C from the jobs a real worker ran, in JSON and as text."""
+Little's law and Erlang C from the jobs a real worker ran, in JSON and as text.
+
+The command runs in this process (`tests.integration.test_cron.cli`): a subprocess costs
+seconds on a loaded machine.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +16,19 @@ from coldbrew.capacity import MIN_ARRIVALS
 from coldbrew.cli import main
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.e2e.test_cli import cli_env, run_cli
 from tests.helpers import WorkerFactory, status_is, wait_until
+from tests.integration.test_cron import cli
 
 pytestmark = pytest.mark.timeout(120)
 CONCURRENCY = 4
 
 
-async def plan_json(env: dict[str, str], *args: str) -> dict[str, object]:
-    done = await run_cli(env, "plan", "--json", *args)
-    assert done.returncode == 0, done.stderr
-    result: dict[str, object] = json.loads(done.stdout)
+async def plan_json(
+    capsys: pytest.CaptureFixture[str], settings: Settings, *args: str
+) -> dict[str, object]:
+    code, out, err = await cli(capsys, settings, "plan", "--json", *args)
+    assert code == 0, err
+    result: dict[str, object] = json.loads(out)
     return result
 
 
@@ -34,51 +40,59 @@ def lane(result: dict[str, object], queue: str) -> dict[str, object]:
     return found[0]
 
 
+async def finish(client: Client, count: int, seconds: float) -> None:
+    jobs = await asyncio.gather(
+        *(client.submit("sleep_for", {"seconds": seconds}) for _ in range(count))
+    )
+    for job in jobs:
+        await wait_until(lambda job=job: status_is(client, job.id, "succeeded"), timeout=60)
+
+
 async def test_plan_needs_data_then_sizes_the_lane(
-    start_worker: WorkerFactory, settings: Settings, client: Client
+    start_worker: WorkerFactory,
+    settings: Settings,
+    client: Client,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    code, out, _ = await cli(capsys, settings, "plan")
+    assert code == 0
+    assert out == "(no lane had jobs submitted, finished or waiting in the last 1h)\n"
     await start_worker(concurrency=CONCURRENCY)
-    env = cli_env(settings)
-    empty = await run_cli(env, "plan")
-    assert empty.returncode == 0, empty.stderr
-    assert "(no lane had jobs submitted, finished or waiting in the last 1h)" in empty.stdout
-    few = [await client.submit("sleep_for", {"seconds": 0.05}) for _ in range(5)]
-    await wait_until(lambda: status_is(client, few[-1].id, "succeeded"), timeout=30)
-    thin = lane(await plan_json(env, "--window", "10m"), "default")
+    await finish(client, 5, 0.05)
+    thin = lane(await plan_json(capsys, settings, "--window", "10m"), "default")
     assert thin["status"] == "insufficient_data"
     assert thin["utilisation"] is None
     assert f"{MIN_ARRIVALS - 5} more submitted job(s)" in str(thin["needs"])
 
-    jobs = await asyncio.gather(
-        *(client.submit("sleep_for", {"seconds": 0.2}) for _ in range(MIN_ARRIVALS + 20))
-    )
-    for job in jobs:
-        await wait_until(lambda job=job: status_is(client, job.id, "succeeded"), timeout=60)
-    result = await plan_json(env, "--window", "10m", "--target-wait", "p95<=1s")
+    await finish(client, MIN_ARRIVALS + 20, 0.1)
+    result = await plan_json(capsys, settings, "--window", "10m", "--target-wait", "p95<=1s")
     figures = lane(result, "default")
     assert figures["status"] == "ok", figures
     assert figures["slots"] == CONCURRENCY
     assert figures["workers"] == 1
     arrival, service = float(figures["arrival_rate"]), float(figures["service_mean_seconds"])
     assert arrival == pytest.approx((MIN_ARRIVALS + 25) / 600, rel=0.01)
-    assert 0.15 <= service <= 1.5, "the service time is about the jobs' 0.2 s"
+    assert 0.08 <= service <= 1.0, "the service time is about the jobs' 0.1 s"
     assert float(figures["load"]) == pytest.approx(arrival * service)
     assert float(figures["utilisation"]) == pytest.approx(arrival * service / CONCURRENCY)
     assert 0 <= float(figures["wait_probability"]) < 0.01
     assert figures["slots_needed"] == 1
     assert result["target_wait"] == "p95<=1s"
+    assert result["source"] == "postgresql"
 
-    grown = lane(await plan_json(env, "--window", "10m", "--what-if-rate", "40/s"), "default")
-    assert grown["arrival_rate"] == 40.0
+    grown = lane(
+        await plan_json(capsys, settings, "--window", "10m", "--what-if-rate", "80/s"), "default"
+    )
+    assert grown["arrival_rate"] == 80.0
     assert float(grown["utilisation"]) > 1
     assert grown["mean_wait_seconds"] is None, "an overloaded lane's wait is unbounded"
-    assert int(grown["slots_needed"]) > 40 * service
+    assert int(grown["slots_needed"]) > 80 * service
 
-    text = await run_cli(env, "plan", "--window", "10m")
-    assert text.returncode == 0, text.stderr
-    assert "lane default:" in text.stdout
-    assert "rho = λW/c" in text.stdout
-    assert "for p95<=5s:" in text.stdout
+    code, text, _ = await cli(capsys, settings, "plan", "--window", "10m")
+    assert code == 0
+    assert "lane default:" in text
+    assert "rho = λW/c" in text
+    assert "for p95<=5s:" in text
 
 
 @pytest.mark.parametrize(

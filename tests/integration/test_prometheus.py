@@ -27,8 +27,8 @@ from coldbrew.api import ApiConfig, create_app
 from coldbrew.api.auth import KeyRing
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.e2e.test_cli import cli_env, run_cli
 from tests.helpers import WorkerFactory, free_port, make_settings, wait_until
+from tests.integration.test_cron import cli
 from tests.promql_names import ALERTS, all_exprs, referenced_names, scraped_names
 
 PROMETHEUS = shutil.which("prometheus")
@@ -120,27 +120,29 @@ async def above(query: Query, expr: str, threshold: float) -> bool:
 
 
 async def test_prometheus_scrapes_a_worker_under_load_and_answers_every_query(
-    start_worker: WorkerFactory, settings: Settings, test_app: Any, tmp_path: Path
+    start_worker: WorkerFactory,
+    settings: Settings,
+    test_app: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     fast = make_settings(settings.namespace, stats_interval_seconds=0.5)
     worker = await start_worker(stats_interval_seconds=0.5)
     assert worker.metrics_port is not None
-    env = cli_env(fast)
     async with (
         Client.connect(fast, app=test_app) as client,
         prometheus(tmp_path, worker.metrics_port) as http,
     ):
         query = querier(http)
         await wait_until(lambda: above(query, 'up{job="coldbrew-worker"}', 0.5), timeout=30)
-        paused = await run_cli(env, "tenants", "pause", "acme")
-        assert paused.returncode == 0, paused.stderr
+        assert (await cli(capsys, fast, "tenants", "pause", "acme"))[0] == 0
         for _ in range(3):
             await client.submit("noop", {}, tenant="acme")
-        load = asyncio.create_task(_load(client, seconds=6.0))
+        load = asyncio.create_task(_load(client, seconds=4.0))
         oldest = 'max(coldbrew_oldest_job_age_seconds{tenant="acme"})'
-        await wait_until(lambda: above(query, oldest, 2.0), timeout=30)
+        await wait_until(lambda: above(query, oldest, 1.0), timeout=30)
         first = await scalar(query, oldest)
-        await asyncio.sleep(2.5)
+        await asyncio.sleep(2.0)
         second = await scalar(query, oldest)
         assert first is not None
         assert second is not None
@@ -148,9 +150,8 @@ async def test_prometheus_scrapes_a_worker_under_load_and_answers_every_query(
         await _check_load_is_seen(query, worker.settings.concurrency)
         await _check_every_query(query, http)  # while one tenant waits and another runs
         await load
-        await _check_plan_reads_prometheus(env, str(http.base_url))
-        resumed = await run_cli(env, "tenants", "resume", "acme")
-        assert resumed.returncode == 0, resumed.stderr
+        await _check_plan_reads_prometheus(capsys, fast, str(http.base_url))
+        assert (await cli(capsys, fast, "tenants", "resume", "acme"))[0] == 0
         # the tenant's row leaves the gauges once nothing of it waits: absent counts as 0
         await wait_until(lambda: _at_most(query, f"{oldest} or vector(0)", 0.5), timeout=30)
         await _check_rules_and_alerts(query, http)
@@ -238,17 +239,23 @@ async def _check_names(worker_port: int, client: Client) -> None:
     assert missing == {}
 
 
-async def _check_plan_reads_prometheus(env: dict[str, str], url: str) -> None:
+async def _check_plan_reads_prometheus(
+    capsys: pytest.CaptureFixture[str], settings: Settings, url: str
+) -> None:
     """`coldbrew plan --prometheus` takes λ and W from the counters this Prometheus holds."""
-    done = await run_cli(env, "plan", "--prometheus", url, "--window", "30s", "--json")
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    code, out, err = await cli(
+        capsys, settings, "plan", "--prometheus", url, "--window", "30s", "--json"
+    )
+    assert code == 0, err
+    result = json.loads(out)
     assert result["source"] == "prometheus"
     lane = next(row for row in result["lanes"] if row["queue"] == "default")
     assert lane["status"] == "ok", lane
     assert lane["arrival_rate"] > 1.0, "the load's jobs ended, a few dozen a second"
     assert 0 < lane["service_mean_seconds"] < 1.0, "noop jobs take milliseconds"
     assert lane["slots"] > 0
-    bad = await run_cli(env, "plan", "--prometheus", url + "/nothing-here", "--window", "30s")
-    assert bad.returncode != 0
-    assert "--prometheus" in bad.stderr
+    code, _, err = await cli(
+        capsys, settings, "plan", "--prometheus", url + "/nothing-here", "--window", "30s"
+    )
+    assert code == 2
+    assert "--prometheus" in err
