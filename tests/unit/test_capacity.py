@@ -17,6 +17,7 @@ from coldbrew.capacity import (
     parse_rate_change,
     parse_target,
     plan_lane,
+    predicted_wait,
     slots_needed,
     wait_quantile,
 )
@@ -168,3 +169,30 @@ def test_plan_lane_without_workers_still_sizes_the_fleet() -> None:
     assert plan.slots_needed is not None
     assert plan.slots_needed >= 9
     assert plan.workers_needed is None
+
+
+@pytest.mark.parametrize(
+    ("load", "service", "target"),
+    [
+        (0.3, 1.0, WaitTarget(0.95, 0.0)),
+        (8.0, 10.0, WaitTarget(0.95, 5.0)),
+        (57.5, 0.2, WaitTarget(0.99, 0.05)),
+        (300.0, 2.0, WaitTarget(None, 0.001)),
+    ],
+)
+def test_slots_needed_search_equals_counting_up(
+    load: float, service: float, target: WaitTarget
+) -> None:
+    """The exponential search and bisection give what adding one slot at a time gives."""
+    counted = max(1, math.floor(load) + 1)
+    while predicted_wait(counted, load, service, target) > target.seconds:
+        counted += 1
+    assert slots_needed(load, service, target) == counted
+
+
+def test_a_what_if_beyond_any_fleet_says_so_instead_of_raising() -> None:
+    plan = plan_lane(sample(), WaitTarget(0.95, 5.0), RateChange(None, 5_000_000.0))
+    assert plan.slots_needed is None
+    assert plan.workers_needed is None
+    assert plan.needs is not None
+    assert "beyond" in plan.needs

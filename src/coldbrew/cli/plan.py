@@ -128,6 +128,9 @@ def _lines(plan: object, target: str) -> list[str]:
             f"mean wait {_wait(plan.mean_wait_seconds)}; "
             f"{statistic} wait {_wait(plan.predicted_wait_seconds)}"
         )
+    if plan.slots_needed is None:
+        lines.append(f"  for {target}: {plan.needs}")
+        return lines
     lines.append(
         f"  for {target}: {plan.slots_needed} slots"
         + (f" = {plan.workers_needed} worker(s) like these" if plan.workers_needed else "")
