@@ -19,7 +19,7 @@ IMAGE_TEST_ARGS ?=
 BENCH_EXTRAS := $(shell awk '/^\[project\.optional-dependencies\]/ {s = 1; next} /^\[/ {s = 0} \
 	s && /^[[:space:]]*bench[[:space:]]*=/ {f = 1} END {print (f ? "test,bench" : "test")}' pyproject.toml)
 
-.PHONY: help bootstrap services demo test lint bench image-test clean
+.PHONY: help bootstrap services demo test lint alerts bench image-test clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -52,6 +52,12 @@ lint: bootstrap ## ruff check, mypy (strict) and the import-linter layer contrac
 	echo "$(VENV)/bin/lint-imports"; \
 	$(VENV)/bin/lint-imports --no-cache || rc=1; \
 	exit "$$rc"
+
+alerts: ## promtool: check deploy/prometheus/alerts.yml and run its unit tests (alerts.test.yml)
+	@if ! command -v promtool >/dev/null 2>&1; then \
+		echo "make alerts: promtool is missing: apt-get install prometheus (.ci/run installs it)" >&2; exit 2; fi
+	promtool check rules deploy/prometheus/alerts.yml
+	cd deploy/prometheus && promtool test rules alerts.test.yml
 
 bench: ## run the benchmarks (bench/run_all.py, else bench/throughput.py; BENCH_ARGS)
 	@scripts/bootstrap $(BENCH_EXTRAS)

@@ -81,3 +81,15 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive "${ROOT_CMD[@]}" apt-get install -y -qq --no-install-recommends "$@" \
         </dev/null >/dev/null
 }
+
+# stop_packaged_prometheus: Debian's prometheus package starts its service on :9090 where an
+# init system runs; .ci/run wants only the binaries (promtool; tests start their own on a free
+# port), so it stops and disables that one service again. Touches nothing else; never fails.
+stop_packaged_prometheus() {
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+        "${ROOT_CMD[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
+    elif command -v invoke-rc.d >/dev/null 2>&1 && [[ -x /etc/init.d/prometheus ]]; then
+        "${ROOT_CMD[@]}" invoke-rc.d prometheus stop >/dev/null 2>&1 || true
+    fi
+    return 0
+}

@@ -408,6 +408,13 @@ class Metrics:
             ["schedule"],
             registry=reg,
         )
+        self.cron_next_tick = Gauge(
+            "coldbrew_cron_next_tick_timestamp_seconds",
+            "The earliest tick not yet decided, per schedule, as this worker's cron loop last "
+            "saw it (Unix time; min over workers). Well in the past: ticks are being missed.",
+            ["schedule"],
+            registry=reg,
+        )
         # label values come from declarations only: a producer may send any "cron:" id
         self._cron_schedules: set[str] = set()
 
@@ -503,6 +510,40 @@ class Metrics:
             raise ValueError(f"metric name {name!r} must start with {_PREFIX!r}")
         self.registry.register(
             _CallbackCollector(name, documentation, tuple(labelnames), fn, counter=counter)
+        )
+
+    def watch_worker(
+        self,
+        *,
+        ready: Callable[[], bool],
+        database_up: Callable[[], bool],
+        broker_up: Callable[[], bool],
+        slots: int,
+    ) -> None:
+        """``coldbrew_worker_ready``, ``coldbrew_database_up``, ``coldbrew_broker_up``: 1 or 0.
+
+        The probes answer a kubelet; alerts need the same facts as series, so
+        "not ready", "PostgreSQL unreachable" and "RabbitMQ unreachable" are
+        told apart from "the worker is down" (Prometheus's own ``up``).
+        ``coldbrew_worker_slots`` (its concurrency) is the c of utilisation
+        rho = in flight / slots, summed over the fleet.
+        """
+        checks = (
+            ("coldbrew_worker_ready", "1 while /readyz answers 200 (consuming, reachable).", ready),
+            (
+                "coldbrew_database_up",
+                "1 while this worker's PostgreSQL probe succeeds.",
+                database_up,
+            ),
+            ("coldbrew_broker_up", "1 while this worker's RabbitMQ connection is open.", broker_up),
+        )
+        for name, doc, check in checks:
+            self.add_scrape_callback(name, doc, [], _as_series(check))
+        self.add_scrape_callback(
+            "coldbrew_worker_slots",
+            "Jobs this worker may run at once (COLDBREW_CONCURRENCY).",
+            [],
+            lambda: [((), float(slots))],
         )
 
     def watch_group_commits(self, batchers: Iterable[GroupCommit[Any, Any]]) -> None:
@@ -617,6 +658,11 @@ class ApiMetrics:
 
     def webhook(self, outcome: str) -> None:
         self.webhooks.labels(outcome).inc()
+
+
+def _as_series(check: Callable[[], bool]) -> ScrapeCallback:
+    """A yes/no check as one unlabelled series: 1.0 or 0.0."""
+    return lambda: [((), 1.0 if check() else 0.0)]
 
 
 def init_build_info(registry: CollectorRegistry) -> Gauge:

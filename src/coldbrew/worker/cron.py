@@ -21,6 +21,7 @@ The loop sleeps until the earliest next tick, at most
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -155,6 +156,7 @@ class CronService:
         for mark in marks:
             spec = self.schedules[mark.name]
             if mark.paused or not self._ours(spec, mark):
+                self._forget_next_tick(spec.name)  # a paused schedule misses nothing
                 continue
             decided = plan(spec, mark.last_tick, mark.now, self.settings.cron_grace_seconds)
             if decided is not None:
@@ -162,9 +164,16 @@ class CronService:
                 mark_after = decided.watermark
             else:
                 mark_after = mark.last_tick
+            next_tick = spec.next_tick(mark_after)
+            self.metrics.cron_next_tick.labels(schedule=spec.name).set(next_tick.timestamp())
             until_next = (spec.next_tick(max(mark_after, mark.now)) - mark.now).total_seconds()
             delay = min(delay, until_next + 0.005)  # just past the tick on the server's clock
         return max(delay, 0.005)
+
+    def _forget_next_tick(self, schedule: str) -> None:
+        """Drop the schedule's next-tick series: no tick of it is due from this worker."""
+        with contextlib.suppress(KeyError):  # never set, or already dropped
+            self.metrics.cron_next_tick.remove(schedule)
 
     def _ours(self, spec: CronSpec, mark: Watermark) -> bool:
         """Whether the row still holds this worker's definition (a newer deploy may have

@@ -250,6 +250,12 @@ async def _build(
         is_ready=lambda: readiness(shared.lifecycle, broker),
     )
     await stack.enter_async_context(server)
+    metrics.watch_worker(
+        ready=lambda: readiness(shared.lifecycle, broker)[0],
+        database_up=lambda: shared.lifecycle.database_ok,
+        broker_up=lambda: broker.connected,
+        slots=settings.concurrency,
+    )
     relay, reaper, liveness = await _open_liveness(stack, shared, store, broker)
     return Parts(
         store,
