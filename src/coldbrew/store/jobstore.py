@@ -19,6 +19,7 @@ from coldbrew.batching import GroupCommit
 from coldbrew.errors import SchemaOutOfDate
 from coldbrew.sql import LATEST_VERSION
 from coldbrew.store.base import Database, StoreBase, open_pool
+from coldbrew.store.batches import BatchRows
 from coldbrew.store.caps import CapStore
 from coldbrew.store.claims import CLAIM_COMMITS, ClaimConfig, ClaimStore
 from coldbrew.store.cron import CronStore
@@ -67,6 +68,8 @@ class JobStore(StoreBase):
         """Cron schedules: declarations, watermarks, the firing transaction, pauses."""
         self.types = TypeRegistry(db)
         """The job types workers' apps registered: lanes for submitters without the app."""
+        self.batches = BatchRows(db)
+        """Batches: creation with their members, counts, cancels, members added by members."""
 
     @classmethod
     @asynccontextmanager
