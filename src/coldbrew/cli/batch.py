@@ -27,21 +27,21 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.client import Client
 
     async with Client.connect(settings, broker=False, check_schema=True) as client:
+        record = await client.get_batch(args.batch_id)
         if args.batch_command == "cancel":
-            record = await client.cancel_batch(args.batch_id, args.reason)
-            if record.pending == 0 and not args.json:
+            if record.pending == 0:  # finished before: an error only, as `coldbrew cancel`
                 print(
-                    f"coldbrew: batch {record.id} has no unfinished member; nothing to cancel",
+                    f"coldbrew: batch {record.id} is already {record.status}; nothing to cancel",
                     file=sys.stderr,
                 )
-        else:
-            record = await client.get_batch(args.batch_id)
+                return EXIT_FAILED
+            record = await client.cancel_batch(args.batch_id, args.reason)
     status = record.to_status_json()
     if args.json:
         print_json(status)
     else:
         print(render(status))
-    return EXIT_FAILED if args.batch_command == "cancel" and record.pending == 0 else EXIT_OK
+    return EXIT_OK
 
 
 def render(status: dict[str, Any]) -> str:
