@@ -76,3 +76,11 @@ async def record(ctx: Context, batch: dict[str, Any], tag: str = "") -> dict[str
 async def total(ctx: Context, batch: dict[str, Any]) -> int:
     """A group's fan-in: sums the members' squares."""
     return sum(result["square"] for result in batch["results"].values())
+
+
+@app.job(max_attempts=3, timeout=60)
+def pool_spawner(ctx: Context, children: int) -> int:
+    """A process-pool member that adds members (relayed to the parent's ``Context``)."""
+    for i in range(children):
+        ctx.batch.add("member", {"n": 200 + i}, name=f"pool-child-{i}")
+    return children

@@ -158,6 +158,18 @@ class Context:
             )
         return self._batch
 
+    async def add_to_batch(self, member: dict[str, Any]) -> str:
+        """A process-pool job's ``ctx.batch.add``, relayed here (``procpool/handle.py``)."""
+        return await self.batch.add(
+            member["type"],
+            member.get("args"),
+            name=member["name"],
+            queue=member.get("queue"),
+            priority=member.get("priority", 0),
+            max_attempts=member.get("max_attempts"),
+            timeout=member.get("timeout"),
+        )
+
     def breaker(self, name: str) -> CircuitBreaker:
         """The worker's breaker for a named dependency: ``async with ctx.breaker("s3"):``."""
         if self._breakers is None:

@@ -236,3 +236,14 @@ async def test_bad_input_is_refused_before_any_write(
     again = await client.batch([Job("member", {"n": 0})], batch_id="b2")
     same = await client.batch([Job("member", {"n": 0})], batch_id="b2")
     assert same.id == again.id and same.member_ids == again.member_ids
+
+
+async def test_ctx_batch_add_from_the_process_pool(
+    client: Client, start_worker: WorkerFactory, db: asyncpg.Connection
+) -> None:
+    """A process-pool member adds members through the pool's relay: they count, once."""
+    await start_worker()
+    batch = await client.batch([Job("pool_spawner", {"children": 2})], on_complete=RECORD)
+    await wait_until(lambda: callback_done(client, f"{batch.id}:on_complete"), timeout=30)
+    [(_, _, info)] = await calls(db)
+    assert (info["total"], info["succeeded"]) == (3, 3)
