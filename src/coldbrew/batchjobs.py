@@ -26,7 +26,12 @@ from coldbrew.batches import (
     added_member_id,
     member_job_id,
 )
-from coldbrew.errors import BrokerUnavailable, InvalidRequest, TransientDatabaseError
+from coldbrew.errors import (
+    BrokerUnavailable,
+    InvalidRequest,
+    Permanent,
+    TransientDatabaseError,
+)
 from coldbrew.model import JOB_ID_RE, new_job_id
 from coldbrew.store import ClaimRequest
 
@@ -261,9 +266,9 @@ class BatchHandle:
         holds this member, so the batch cannot complete in between; the same
         ``name`` again (a retry of this job) adds nothing. The relay publishes
         the new member within ``COLDBREW_RELAY_INTERVAL_SECONDS``. Raises
-        ``InvalidRequest`` when this job is in no batch, its batch was
-        cancelled, or the member would be refused; ``StaleWrite`` when this
-        attempt no longer holds the job.
+        ``Permanent`` (the job fails at once) when this job is in no batch or
+        its batch was cancelled, ``InvalidRequest`` when the member would be
+        refused, ``StaleWrite`` when this attempt no longer holds the job.
         """
         from coldbrew.client import prepare_job
 
@@ -289,6 +294,9 @@ class BatchHandle:
             max_attempts=max_attempts,
             timeout=timeout,
         )
-        added = await self._store.batches.add_member(self._job_id, self._attempt, request)
+        try:
+            added = await self._store.batches.add_member(self._job_id, self._attempt, request)
+        except InvalidRequest as exc:  # no batch, or a cancelled one: a retry cannot help
+            raise Permanent(str(exc)) from None
         log.debug("batch_member_added", job_id=job_id, by=self._job_id, new=added)
         return job_id

@@ -107,8 +107,10 @@ async def test_concurrent_finishers_fire_once(client: Client, db: asyncpg.Connec
 async def test_death_fires_on_death_and_complete_not_success(
     client: Client, start_worker: WorkerFactory, db: asyncpg.Connection
 ) -> None:
-    """A dead member and a failed one: on_death (once) and on_complete run, on_success does not."""
+    """A dead member and a failed one: on_death (once) and on_complete run, on_success does not.
+    Beside it a group's ``then`` gets every member's result by id, once all succeeded."""
     await start_worker()
+    group = await client.group([Job("member", {"n": n}) for n in range(1, 6)], then=Job("total"))
     batch = await client.batch(
         [Job("member", {"n": 1}), Job("crash"), Job("reject")],
         on_success=RECORD,
@@ -131,6 +133,10 @@ async def test_death_fires_on_death_and_complete_not_success(
         1,
     )
     assert status["callbacks"]["on_success"]["status"] is None
+    await wait_until(lambda: callback_done(client, f"{group.id}:on_success"), timeout=30)
+    fan_in = await client.get(f"{group.id}:on_success")
+    assert fan_in.result == 1 + 4 + 9 + 16 + 25
+    assert set(fan_in.args["batch"]["results"]) == set(group.member_ids)
 
 
 async def test_dlq_replay_reopens_and_success_fires_later(
@@ -179,38 +185,24 @@ async def test_ctx_batch_add_counts_once_across_retries(
     client: Client, start_worker: WorkerFactory, db: asyncpg.Connection
 ) -> None:
     """A member adds three members, then retries and adds them again: four members in all,
-    each added once, and on_complete runs once after the added ones finished."""
+    each added once, and on_complete runs once after the added ones finished. A pool member
+    adds through the pool's relay; a job in no batch that adds fails at once, clearly."""
     await start_worker()
     batch = await client.batch([Job("spawner", {"children": 3})], on_complete=RECORD)
+    pooled = await client.batch([Job("pool_spawner", {"children": 2})], on_complete=RECORD)
+    alone = await client.submit("spawner", {"children": 1})
     await wait_until(lambda: callback_done(client, f"{batch.id}:on_complete"), timeout=30)
-    [(_, event, info)] = await calls(db)
-    assert (info["total"], info["succeeded"]) == (4, 4)
+    await wait_until(lambda: callback_done(client, f"{pooled.id}:on_complete"), timeout=30)
+    totals = {info["id"]: (info["total"], info["succeeded"]) for _, _, info in await calls(db)}
+    assert totals == {batch.id: (4, 4), pooled.id: (3, 3)}
     spawner = await client.get(batch.member_ids[0])
     assert spawner.attempt == 2
     added = await db.fetch("SELECT id, batch_id FROM jobs WHERE id LIKE $1", f"{spawner.id}+%")
     assert sorted(r["id"] for r in added) == [f"{spawner.id}+child-{i}" for i in range(3)]
     assert {r["batch_id"] for r in added} == {batch.id}
-
-
-async def test_batch_add_outside_a_batch_is_refused(
-    client: Client, start_worker: WorkerFactory
-) -> None:
-    """ctx.batch.add from a job in no batch fails that job permanently, with a clear error."""
-    await start_worker()
-    job = await client.submit("spawner", {"children": 1})
-    done = await client.wait(job.id, timeout=20)
-    assert done.status.value == "failed" or done.status.value == "dead"
-    assert "not a batch member" in (done.error_message or "")
-
-
-async def test_group_gives_the_results_to_then(client: Client, start_worker: WorkerFactory) -> None:
-    """A group's ``then`` gets every member's result by id, once all succeeded."""
-    await start_worker()
-    group = await client.group([Job("member", {"n": n}) for n in range(1, 6)], then=Job("total"))
-    await wait_until(lambda: callback_done(client, f"{group.id}:on_success"), timeout=30)
-    done = await client.get(f"{group.id}:on_success")
-    assert done.result == 1 + 4 + 9 + 16 + 25
-    assert set(done.args["batch"]["results"]) == set(group.member_ids)
+    done = await client.wait(alone.id, timeout=20)
+    assert (done.status.value, done.attempt) == ("failed", 1)
+    assert "is not a batch member" in (done.error_message or "")
 
 
 async def test_bad_input_is_refused_before_any_write(
@@ -236,14 +228,3 @@ async def test_bad_input_is_refused_before_any_write(
     again = await client.batch([Job("member", {"n": 0})], batch_id="b2")
     same = await client.batch([Job("member", {"n": 0})], batch_id="b2")
     assert same.id == again.id and same.member_ids == again.member_ids
-
-
-async def test_ctx_batch_add_from_the_process_pool(
-    client: Client, start_worker: WorkerFactory, db: asyncpg.Connection
-) -> None:
-    """A process-pool member adds members through the pool's relay: they count, once."""
-    await start_worker()
-    batch = await client.batch([Job("pool_spawner", {"children": 2})], on_complete=RECORD)
-    await wait_until(lambda: callback_done(client, f"{batch.id}:on_complete"), timeout=30)
-    [(_, _, info)] = await calls(db)
-    assert (info["total"], info["succeeded"]) == (3, 3)
