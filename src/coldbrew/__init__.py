@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from coldbrew.app import App, JobSpec
+from coldbrew.batches import BatchRecord, Job
 from coldbrew.client import Client
 from coldbrew.context import Context
 from coldbrew.errors import (
+    BatchNotFound,
     BrokerUnavailable,
     ColdbrewError,
     ConfigurationError,
@@ -22,6 +24,8 @@ from coldbrew.settings import Settings
 
 __all__ = [
     "App",
+    "BatchNotFound",
+    "BatchRecord",
     "BrokerUnavailable",
     "Client",
     "ColdbrewError",
@@ -29,6 +33,7 @@ __all__ = [
     "Context",
     "ContractViolation",
     "DatabaseUnavailable",
+    "Job",
     "JobNotFound",
     "JobRecord",
     "JobSpec",

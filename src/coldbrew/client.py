@@ -9,7 +9,7 @@ submission that returned is never lost (guarantee 1).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -18,7 +18,9 @@ from typing import Any
 import structlog
 
 from coldbrew import storable
-from coldbrew.app import App
+from coldbrew.app import App, JobSpec
+from coldbrew.batches import BatchRecord
+from coldbrew.batchjobs import JobLike, cancel_batch, check_batch_id, create_batch
 from coldbrew.errors import BrokerUnavailable, InvalidRequest, JobNotFound
 from coldbrew.metrics import Metrics
 from coldbrew.model import (
@@ -222,31 +224,19 @@ class Client:
         registered: RegisteredType | None = None,
     ) -> ClaimRequest:
         spec = self.app.get(type) if self.app is not None else None
-        if spec is not None:
-            args = spec.validate_args(args)
-        declared = spec or registered  # the app's own word, else the fleet's
-        lane = queue or (declared.queue if declared else "default")
-        given = JobFields(
-            job_id or "", type, lane, tenant, args, priority, max_attempts, timeout, idempotency_key
-        )
-        job = given.resolved(declared, self.settings.max_attempts)  # defaults chain (model.py)
-        # what goes on the wire, defaults filled in: exactly what a worker will check
-        check_submission(
-            job_id=job_id,
-            type=type,
-            args=args,
-            queue=lane,
+        return prepare_job(
+            self.settings,
+            spec or registered,  # the app's own word, else the fleet's
+            type,
+            args,
             tenant=tenant,
+            queue=queue,
             priority=priority,
             idempotency_key=idempotency_key,
-            max_attempts=job.max_attempts,
-            timeout=job.timeout,
-            max_body_bytes=self.settings.max_body_bytes,
+            job_id=job_id,
+            max_attempts=max_attempts,
+            timeout=timeout,
         )
-        job.id = job_id or (
-            job_id_for_key(tenant, idempotency_key) if idempotency_key else new_job_id()
-        )
-        return job
 
     async def _publish(self, request: ClaimRequest, mark: datetime) -> None:
         """Publish with a confirm, then clear the mark; on failure the relay publishes later."""
@@ -260,6 +250,79 @@ class Client:
             log.warning("publish_deferred_to_relay", job_id=request.id, error=str(exc))
             return
         await self.store.outbox.mark_published([(request.id, mark)])
+
+    # --- batches (batchjobs.py) ---------------------------------------------------------
+
+    async def batch(
+        self,
+        members: Sequence[JobLike],
+        *,
+        on_success: JobLike | None = None,
+        on_complete: JobLike | None = None,
+        on_death: JobLike | None = None,
+        description: str | None = None,
+        tenant: str = "default",
+        batch_id: str | None = None,
+    ) -> BatchRecord:
+        """Submit ``members`` as one batch; its callbacks run once when it is done.
+
+        ``on_complete`` runs when every member is terminal, ``on_success`` when
+        every member succeeded, ``on_death`` when a member is dead (once, the
+        first). Each is a ``Job`` (or ``(type, args)``) whose function takes a
+        ``batch`` argument too: the batch's id, event and counts. The batch
+        and its members commit in one transaction; an existing ``batch_id``
+        returns that batch. The result's ``member_ids`` are in order.
+        """
+        return await create_batch(
+            self,
+            members,
+            {"on_success": on_success, "on_complete": on_complete, "on_death": on_death},
+            tenant=tenant,
+            description=description,
+            batch_id=batch_id,
+            collect_results=False,
+        )
+
+    async def group(
+        self,
+        members: Sequence[JobLike],
+        *,
+        then: JobLike,
+        on_death: JobLike | None = None,
+        on_complete: JobLike | None = None,
+        description: str | None = None,
+        tenant: str = "default",
+        batch_id: str | None = None,
+    ) -> BatchRecord:
+        """Fan out, fan in: run ``members``; when all succeeded, run ``then`` with their
+        results (``batch["results"]``: member id → result; ``member_ids`` gives the
+        order). A batch with ``on_success=then`` whose callbacks get the results."""
+        return await create_batch(
+            self,
+            members,
+            {"on_success": then, "on_complete": on_complete, "on_death": on_death},
+            tenant=tenant,
+            description=description,
+            batch_id=batch_id,
+            collect_results=True,
+        )
+
+    async def get_batch(self, batch_id: str) -> BatchRecord:
+        """The batch with its members' counts; ``BatchNotFound`` when there is none."""
+        check_batch_id(batch_id)
+        return await self.store.batches.get(batch_id)
+
+    async def batch_status(self, batch_id: str) -> dict[str, Any]:
+        """The batch's status JSON (``GET /batches/{id}``, ``coldbrew batch status``)."""
+        return (await self.get_batch(batch_id)).to_status_json()
+
+    async def cancel_batch(
+        self, batch_id: str, reason: str = "batch cancelled by request"
+    ) -> BatchRecord:
+        """Cancel the batch's waiting members at once and its running ones within one
+        heartbeat (``cancel``'s rules); no member can be added to it afterwards."""
+        _check_reason(reason)
+        return await cancel_batch(self.store, batch_id, reason)
 
     async def registered_type(self, type: str) -> RegisteredType | None:
         """How the fleet's workers registered ``type`` (its lane and defaults), or None
@@ -303,13 +366,61 @@ class Client:
         """Cancel a waiting (queued, retrying or scheduled) job at once; a running one is
         stopped within one heartbeat."""
         check_job_id(job_id)
-        if (problem := storable.text_problem(reason)) is not None or len(reason) > MAX_REASON:
-            problem = problem or f"is {len(reason)} characters long; the limit is {MAX_REASON}"
-            raise InvalidRequest("invalid_request", f"the cancel reason {problem}")
+        _check_reason(reason)
         record = await self.store.jobs.request_cancel(job_id, reason)
         if record.status is Status.RUNNING:
             log.info("cancel_requested", job_id=job_id)
         return record
 
 
-__all__ = ["Client", "JobNotFound"]
+def _check_reason(reason: str) -> None:
+    if (problem := storable.text_problem(reason)) is not None or len(reason) > MAX_REASON:
+        problem = problem or f"is {len(reason)} characters long; the limit is {MAX_REASON}"
+        raise InvalidRequest("invalid_request", f"the cancel reason {problem}")
+
+
+def prepare_job(
+    settings: Settings,
+    declared: JobSpec | RegisteredType | None,
+    type: str,
+    args: dict[str, Any],
+    *,
+    tenant: str,
+    queue: str | None,
+    priority: int,
+    idempotency_key: str | None,
+    job_id: str | None,
+    max_attempts: int | None,
+    timeout: float | None,
+) -> ClaimRequest:
+    """The checked job a submission inserts: args validated against the app's signature
+    (when ``declared`` is its ``JobSpec``), the lane and defaults resolved, and exactly the
+    message a worker will accept (``check_submission``). Shared by ``Client.submit``,
+    batches and ``ctx.batch.add``."""
+    if isinstance(declared, JobSpec):
+        args = declared.validate_args(args)
+    lane = queue or (declared.queue if declared else "default")
+    given = JobFields(
+        job_id or "", type, lane, tenant, args, priority, max_attempts, timeout, idempotency_key
+    )
+    job = given.resolved(declared, settings.max_attempts)  # defaults chain (model.py)
+    # what goes on the wire, defaults filled in: exactly what a worker will check
+    check_submission(
+        job_id=job_id,
+        type=type,
+        args=args,
+        queue=lane,
+        tenant=tenant,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        max_attempts=job.max_attempts,
+        timeout=job.timeout,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    job.id = job_id or (
+        job_id_for_key(tenant, idempotency_key) if idempotency_key else new_job_id()
+    )
+    return job
+
+
+__all__ = ["Client", "JobNotFound", "prepare_job"]

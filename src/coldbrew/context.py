@@ -22,7 +22,9 @@ from coldbrew.store import RawJSON
 if TYPE_CHECKING:
     import asyncpg
 
+    from coldbrew.batchjobs import BatchHandle
     from coldbrew.breaker import Breakers, CircuitBreaker
+    from coldbrew.settings import Settings
     from coldbrew.store import JobStore
 
 _log = structlog.get_logger("coldbrew.job")
@@ -35,9 +37,11 @@ class Context:
     """Handed to every job as its first argument."""
 
     __slots__ = (
+        "_batch",
         "_breakers",
         "_log",
         "_on_progress",
+        "_settings",
         "_store",
         "attempt",
         "checkpoint_state",
@@ -63,6 +67,7 @@ class Context:
         on_progress: Callable[[float | None, str | None], None],
         breakers: Breakers | None = None,
         snoozes: int = 0,
+        settings: Settings | None = None,
     ) -> None:
         self.job_id = job_id
         self.type = type
@@ -77,6 +82,8 @@ class Context:
         self._on_progress = on_progress
         self._breakers = breakers
         self._log: Any = None
+        self._settings = settings
+        self._batch: BatchHandle | None = None
 
     @property
     def log(self) -> Any:
@@ -133,6 +140,35 @@ class Context:
         """
         storable.check_text(name, "once name")
         return self._store.jobs.once_transaction(self.job_id, name, self.attempt)
+
+    @property
+    def batch(self) -> BatchHandle:
+        """This job's batch: ``await ctx.batch.add(type, args, name=...)`` adds a member
+        (see ``BatchHandle.add``); built on first use, so other jobs pay nothing."""
+        if self._batch is None:
+            from coldbrew.batchjobs import BatchHandle
+            from coldbrew.settings import load_settings
+
+            self._batch = BatchHandle(
+                self._store,
+                self._settings or load_settings(),
+                job_id=self.job_id,
+                attempt=self.attempt,
+                tenant=self.tenant,
+            )
+        return self._batch
+
+    async def add_to_batch(self, member: dict[str, Any]) -> str:
+        """A process-pool job's ``ctx.batch.add``, relayed here (``procpool/handle.py``)."""
+        return await self.batch.add(
+            member["type"],
+            member.get("args"),
+            name=member["name"],
+            queue=member.get("queue"),
+            priority=member.get("priority", 0),
+            max_attempts=member.get("max_attempts"),
+            timeout=member.get("timeout"),
+        )
 
     def breaker(self, name: str) -> CircuitBreaker:
         """The worker's breaker for a named dependency: ``async with ctx.breaker("s3"):``."""

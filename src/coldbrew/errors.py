@@ -106,6 +106,14 @@ class JobNotFound(ColdbrewError):
         self.job_id = job_id
 
 
+class BatchNotFound(ColdbrewError):
+    """No batch has this id (in this namespace), or the caller's tenant may not see it."""
+
+    def __init__(self, batch_id: str) -> None:
+        super().__init__(f"no batch with id {batch_id!r}")
+        self.batch_id = batch_id
+
+
 class StaleWrite(ColdbrewError):
     """A write was fenced: the row moved on (another attempt, or another status)."""
 

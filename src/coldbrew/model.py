@@ -551,6 +551,8 @@ class JobRecord:
     existing job that holds its key (unique.py), not a new one. Never stored."""
     snoozes: int = 0
     """Times the job snoozed (``raise Snooze``); they do not spend attempts."""
+    batch_id: str | None = None
+    """The batch the job is a member of (``client.batch``), or None."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobRecord:
@@ -576,6 +578,7 @@ class JobRecord:
             cancel_requested=row["cancel_requested"],
             args=row["args"],
             snoozes=row.get("snoozes", 0),
+            batch_id=row.get("batch_id"),
         )
 
     def to_status_json(self) -> dict[str, Any]:
@@ -604,6 +607,7 @@ class JobRecord:
             "run_at": _iso(self.run_at),
             "cancel_requested": self.cancel_requested,
             "snoozes": self.snoozes,
+            "batch_id": self.batch_id,
         }
 
 

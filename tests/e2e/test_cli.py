@@ -40,6 +40,7 @@ STATUS_KEYS = {
     "run_at",
     "cancel_requested",
     "snoozes",
+    "batch_id",
 }
 
 

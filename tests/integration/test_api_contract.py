@@ -24,6 +24,7 @@ ALLOW = {
     "/jobs": "POST",
     "/jobs/{job_id}": "GET, HEAD, DELETE",
     "/jobs/{job_id}/events": "GET, HEAD",
+    "/batches/{batch_id}": "GET, HEAD",
     "/healthz": "GET, HEAD",
     "/readyz": "GET, HEAD",
     "/metrics": "GET, HEAD",
@@ -69,7 +70,7 @@ async def test_405_names_every_method_of_the_path(
     http: httpx.AsyncClient, path: str, allow: str
 ) -> None:
     """OPTIONS and PATCH on each path: 405, JSON, and Allow lists every method it serves."""
-    url = path.replace("{job_id}", "some-job")
+    url = path.replace("{job_id}", "some-job").replace("{batch_id}", "some-batch")
     for method in ("OPTIONS", "PATCH"):
         response = await http.request(method, url, headers=AUTH)
         assert response.status_code == 405, (method, path, response.text)

@@ -25,7 +25,7 @@ GOOD_BODY = json.dumps({"type": "thumbnail", "args": {"video_id": "v1"}}).encode
 STATUS_JSON_KEYS = {
     "id", "type", "queue", "tenant", "status", "priority", "attempt", "max_attempts",
     "progress", "progress_message", "result", "error", "created_at", "started_at",
-    "finished_at", "run_at", "cancel_requested", "snoozes",
+    "finished_at", "run_at", "cancel_requested", "snoozes", "batch_id",
 }  # fmt: skip
 
 

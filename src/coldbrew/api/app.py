@@ -106,6 +106,7 @@ ROUTES = [
     PathRoute("/jobs", "jobs", post=routes.submit_job),
     PathRoute("/jobs/{job_id}", "job", get=routes.get_job, delete=routes.cancel_job),
     PathRoute("/jobs/{job_id}/events", "job_events", get=routes.job_events),
+    PathRoute("/batches/{batch_id}", "batch", get=routes.get_batch),
     PathRoute("/healthz", "healthz", get=routes.healthz),
     PathRoute("/readyz", "readyz", get=routes.readyz),
     PathRoute("/metrics", "metrics", get=routes.metrics),

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from coldbrew.errors import (
+    BatchNotFound,
     BrokerUnavailable,
     ConfigurationError,
     ContractViolation,
@@ -95,6 +96,8 @@ async def on_client_gone(request: Request, _exc: Exception) -> Response:
 
 async def on_coldbrew_error(request: Request, exc: Exception) -> Response:
     """coldbrew's own errors: not found, bad input, services down."""
+    if isinstance(exc, BatchNotFound):
+        return error_response(404, "not_found", f"no batch with id {exc.batch_id!r}")
     if isinstance(exc, JobNotFound):
         return error_response(404, "not_found", f"no job with id {exc.job_id!r}")
     if isinstance(exc, UnknownJobType):

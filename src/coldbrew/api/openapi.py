@@ -21,8 +21,14 @@ from typing import Any, Final
 
 from coldbrew.api.auth import DASHBOARD_COOKIE
 from coldbrew.api.dashboard import LOGIN_BODY_LIMIT, LOGIN_MAX_FIELDS
-from coldbrew.api.response_schemas import DASHBOARD_SCHEMA, ERROR_SCHEMA, STATUS_SCHEMA
+from coldbrew.api.response_schemas import (
+    BATCH_SCHEMA,
+    DASHBOARD_SCHEMA,
+    ERROR_SCHEMA,
+    STATUS_SCHEMA,
+)
 from coldbrew.api.schemas import SubmitBody
+from coldbrew.batches import BATCH_ID_RE
 from coldbrew.client import MAX_REASON
 from coldbrew.model import JOB_ID_RE, MAX_IDEMPOTENCY_KEY
 
@@ -48,6 +54,13 @@ _JOB_ID = {
     "required": True,
     "schema": {"type": "string", "pattern": JOB_ID_RE.pattern},
     "description": "1-128 printable ASCII characters (another id is 422 `invalid_job_id`)",
+}
+_BATCH_ID = {
+    "name": "batch_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": BATCH_ID_RE.pattern},
+    "description": "1-100 printable ASCII characters (another id is 422 `invalid_batch_id`)",
 }
 _RETRY_AFTER = {
     "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "string"}}
@@ -150,6 +163,24 @@ def _jobs_paths(max_wait_seconds: float) -> dict[str, Any]:
                 },
             }
         },
+    }
+
+
+def _batch_paths() -> dict[str, Any]:
+    return {
+        "/batches/{batch_id}": {
+            "get": {
+                "summary": "A batch's status: counts by status, progress, callbacks",
+                "parameters": [_BATCH_ID],
+                "responses": {
+                    "200": {
+                        "description": "The batch's status.",
+                        "content": {"application/json": {"schema": _ref("BatchStatus")}},
+                    },
+                    **_errors(401, 404, 422, 503),
+                },
+            }
+        }
     }
 
 
@@ -426,7 +457,12 @@ _DESCRIPTION = (
 
 def build_spec(*, max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS) -> dict[str, Any]:
     """The document for a process whose long polls wait at most ``max_wait_seconds``."""
-    paths = {**_jobs_paths(max_wait_seconds), **_service_paths(), **_dashboard_paths()}
+    paths = {
+        **_jobs_paths(max_wait_seconds),
+        **_batch_paths(),
+        **_service_paths(),
+        **_dashboard_paths(),
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": "coldbrew", "version": "1", "description": _DESCRIPTION},
@@ -445,6 +481,7 @@ def build_spec(*, max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS) -> dict[st
             },
             "schemas": {
                 "JobStatus": STATUS_SCHEMA,
+                "BatchStatus": BATCH_SCHEMA,
                 "Submit": _submit_schema(),
                 "Error": ERROR_SCHEMA,
                 "Dashboard": DASHBOARD_SCHEMA,

@@ -40,8 +40,45 @@ STATUS_SCHEMA: dict[str, Any] = {
         "run_at": {"type": "string", "format": "date-time"},
         "cancel_requested": {"type": "boolean"},
         "snoozes": {"type": "integer", "minimum": 0, "description": "times the job snoozed"},
+        "batch_id": {"type": ["string", "null"], "description": "the job's batch, if any"},
     },
 }
+
+BATCH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "tenant": {"type": "string"},
+        "description": {"type": ["string", "null"]},
+        "status": {"enum": ["running", "succeeded", "completed", "cancelled"]},
+        "total": {"type": "integer", "minimum": 0},
+        "pending": {"type": "integer", "minimum": 0},
+        "counts": {
+            "type": "object",
+            "description": "members by status",
+            "additionalProperties": {"type": "integer", "minimum": 0},
+        },
+        "progress": {"type": "number", "minimum": 0, "maximum": 1},
+        "callbacks": {
+            "type": "object",
+            "description": "on_success / on_complete / on_death: its type, job id and the "
+            "status of its job once enqueued (null before)",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string"},
+                    "job_id": {"type": "string"},
+                    "status": {"type": ["string", "null"]},
+                },
+            },
+        },
+        "collect_results": {"type": "boolean"},
+        "cancel_requested": {"type": "boolean"},
+        "created_at": {"type": "string", "format": "date-time"},
+        "finished_at": {"type": ["string", "null"], "format": "date-time"},
+    },
+}
+BATCH_SCHEMA["required"] = list(BATCH_SCHEMA["properties"])
 
 STATUS_SCHEMA["required"] = list(STATUS_SCHEMA["properties"])  # every key, always present
 

@@ -24,7 +24,7 @@ from coldbrew.api.instrument import metrics_response
 from coldbrew.api.limits import WaiterSlot
 from coldbrew.api.schemas import parse_submit
 from coldbrew.api.watch import Snapshot, follow, wait_for_change
-from coldbrew.errors import JobNotFound, ServiceUnavailable
+from coldbrew.errors import BatchNotFound, JobNotFound, ServiceUnavailable
 from coldbrew.model import MAX_IDEMPOTENCY_KEY, JobRecord, Status
 
 if TYPE_CHECKING:
@@ -242,6 +242,17 @@ async def cancel_job(request: Request) -> Response:
         f"job {record.id} is already {record.status}",
         extra={"job": snapshot.status},
     )
+
+
+async def get_batch(request: Request) -> Response:
+    """A batch's status JSON, if the caller's tenant owns it; another tenant's is 404."""
+    state = _state(request)
+    principal = state.keys.authenticate(request)
+    batch_id = request.path_params["batch_id"]
+    record = await state.client.get_batch(batch_id)  # 422 invalid_batch_id, 404 BatchNotFound
+    if not principal.may_see(record.tenant):
+        raise BatchNotFound(batch_id)  # the same answer as a missing batch: ids do not leak
+    return JSONResponse(record.to_status_json(), headers=NO_CACHE)
 
 
 async def healthz(_request: Request) -> Response:

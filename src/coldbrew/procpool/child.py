@@ -104,6 +104,41 @@ class ProcessContext:
         """True the first time ``name`` is claimed for this job (across attempts), else False."""
         return bool(self._channel.call("once", name))
 
+    @property
+    def batch(self) -> _ProcessBatch:
+        """This job's batch: ``ctx.batch.add(type, args, name=...)``, as a coroutine job's."""
+        return _ProcessBatch(self._channel)
+
+
+class _ProcessBatch:
+    """``ctx.batch`` in the pool: ``add`` is relayed to the parent's ``Context``."""
+
+    def __init__(self, channel: _ChildChannel) -> None:
+        self._channel = channel
+
+    def add(
+        self,
+        type: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        name: str,
+        queue: str | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Add a member to this job's batch and block until it is committed; its id."""
+        member = {
+            "type": type,
+            "args": dict(args or {}),
+            "name": name,
+            "queue": queue,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "timeout": timeout,
+        }
+        return str(self._channel.call("batch_add", member))
+
 
 def _run_job(app: App, channel: _ChildChannel, message: tuple[Any, ...]) -> bytes:
     """Run one job and return the outcome frame; job code can never take the child down."""

@@ -194,6 +194,8 @@ class ChildHandle:
             if method == "checkpoint":
                 await job.host.checkpoint(argument)
                 reply = ("reply", True, None)
+            elif method == "batch_add":
+                reply = ("reply", True, await job.host.add_to_batch(argument))
             else:
                 reply = ("reply", True, bool(await job.host.once(argument)))
         except Exception as exc:  # noqa: BLE001 - handed to the job, which decides

@@ -23,6 +23,8 @@ class ContextHost(Protocol):
 
     async def once(self, name: str) -> bool: ...
 
+    async def add_to_batch(self, member: dict[str, Any]) -> str: ...
+
 
 @dataclass(eq=False)
 class PoolJob:

@@ -13,6 +13,7 @@ concern, each with one method per named query in ``sql/queries.sql``:
 - ``store.stats`` (stats.py): counts per lane and tenant;
 - ``store.cron`` (cron.py): cron schedules and the transaction that fires their ticks.
 - ``store.types`` (types.py): the job types workers' apps registered (lanes for submitters).
+- ``store.batches`` (batches.py): batches, their members' counts, cancels, added members.
 
 ``base.py`` holds the pool, the batch connections and the one place where
 driver errors are translated (``DatabaseUnavailable``); ``records.py`` the
@@ -28,6 +29,7 @@ from coldbrew.store.base import (
     Database,
     connection_settings,
 )
+from coldbrew.store.batches import BatchRows
 from coldbrew.store.caps import CapClaim, CapStore
 from coldbrew.store.claims import ClaimConfig, ClaimStore
 from coldbrew.store.cron import (
@@ -75,6 +77,7 @@ __all__ = [
     "KEYED_BATCH_PLANS",
     "TENANTS_CHANGED",
     "Admission",
+    "BatchRows",
     "CapClaim",
     "CapLocks",
     "CapRoom",

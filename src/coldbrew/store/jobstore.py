@@ -20,6 +20,7 @@ from coldbrew.errors import SchemaOutOfDate
 from coldbrew.sql import LATEST_VERSION
 from coldbrew.store.base import Database, StoreBase, open_pool
 from coldbrew.store.capacity import CapacityStore
+from coldbrew.store.batches import BatchRows
 from coldbrew.store.caps import CapStore
 from coldbrew.store.claims import CLAIM_COMMITS, ClaimConfig, ClaimStore
 from coldbrew.store.cron import CronStore
@@ -70,6 +71,8 @@ class JobStore(StoreBase):
         """The job types workers' apps registered: lanes for submitters without the app."""
         self.capacity = CapacityStore(db)
         """Arrivals and service times per lane, for ``coldbrew plan``."""
+        self.batches = BatchRows(db)
+        """Batches: creation with their members, counts, cancels, members added by members."""
 
     @classmethod
     @asynccontextmanager

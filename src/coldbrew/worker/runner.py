@@ -263,6 +263,7 @@ class JobRunner:
             on_progress=state.report_progress,
             breakers=self.breakers,
             snoozes=claim.snoozes,
+            settings=self.settings,
         )
         try:
             if spec.is_coroutine:
