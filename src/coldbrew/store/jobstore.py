@@ -32,6 +32,7 @@ from coldbrew.store.stats import StatsStore
 from coldbrew.store.tenants import TenantStore
 from coldbrew.store.types import TypeRegistry
 from coldbrew.store.unique import UniqueRows
+from coldbrew.store.webhooks import WebhookRows
 
 
 class JobStore(StoreBase):
@@ -67,6 +68,8 @@ class JobStore(StoreBase):
         """Cron schedules: declarations, watermarks, the firing transaction, pauses."""
         self.types = TypeRegistry(db)
         """The job types workers' apps registered: lanes for submitters without the app."""
+        self.webhooks = WebhookRows(db)
+        """A raw delivery's webhook URL, recorded before its claim (migration 0012)."""
 
     @classmethod
     @asynccontextmanager
