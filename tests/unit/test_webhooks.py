@@ -278,3 +278,20 @@ async def test_a_worker_without_the_secret_retries() -> None:
     sender = WebhookSender(WebhookConfig(), resolver=guard.resolve, transport=guard.transport)
     with pytest.raises(WebhookFailed, match="COLDBREW_WEBHOOK_SECRET"):
         await sender.send("https://hooks.example.com/", SNAPSHOT, delivery_id="d1")
+
+
+def test_tenant_option_is_checked_like_a_submission() -> None:
+    """`coldbrew tenants set T --webhook-url`: none removes it; a literal internal address is
+    a configuration error (exit 2) unless COLDBREW_WEBHOOK_ALLOW_PRIVATE."""
+    from coldbrew.cli.fleet import parse_webhook_option
+    from coldbrew.errors import ConfigurationError
+    from coldbrew.settings import load_settings
+
+    settings = load_settings()
+    assert parse_webhook_option(None, settings) is None
+    assert parse_webhook_option("none", settings) == "none"
+    assert parse_webhook_option("https://a.example/h", settings) == "https://a.example/h"
+    with pytest.raises(ConfigurationError, match="--webhook-url .* link-local"):
+        parse_webhook_option("http://169.254.169.254/", settings)
+    private = load_settings(webhook_allow_private=True)
+    assert parse_webhook_option("http://10.0.0.1/", private) == "http://10.0.0.1/"
