@@ -229,8 +229,10 @@ def report(result: dict[str, Any]) -> None:
     r = result["relay"]
     for case in ("empty", "with_future_rows"):
         t = r[case]
-        print(f"relay tick ({case}): p50 {t['p50_ms']} ms, p99 {t['p99_ms']} ms, "
-              f"mean {t['mean_ms']} ms")
+        print(
+            f"relay tick ({case}): p50 {t['p50_ms']} ms, p99 {t['p99_ms']} ms, "
+            f"mean {t['mean_ms']} ms"
+        )
     print("plan of the tick's row selection with the future rows:")
     for line in r["plan"]:
         print("  " + line)

@@ -306,6 +306,15 @@ class App:
             raise ConfigurationError(f"{where}: args do not fit the job: {exc}") from None
         self.schedules[schedule.name] = schedule
 
+    def extended(self) -> App:
+        """A copy to add built-in jobs to (the worker's ``coldbrew.webhook``), so the user's
+        app stays as written and two workers made from one app each add their own."""
+        copy = App(default_queue=self.default_queue)
+        copy.jobs = dict(self.jobs)
+        copy.schedules = dict(self.schedules)
+        copy.ref, copy.app_dir = self.ref, self.app_dir
+        return copy
+
     def get(self, job_type: str) -> JobSpec:
         try:
             return self.jobs[job_type]

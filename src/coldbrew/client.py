@@ -21,7 +21,7 @@ from coldbrew import storable
 from coldbrew.app import App, JobSpec
 from coldbrew.batches import BatchRecord
 from coldbrew.batchjobs import JobLike, cancel_batch, check_batch_id, create_batch
-from coldbrew.errors import BrokerUnavailable, InvalidRequest, JobNotFound
+from coldbrew.errors import BrokerUnavailable, ContractViolation, InvalidRequest, JobNotFound
 from coldbrew.metrics import Metrics
 from coldbrew.model import (
     JobFields,
@@ -38,6 +38,7 @@ from coldbrew.store import ClaimRequest, JobStore, RegisteredType, UniqueKey
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker
 from coldbrew.unique import UniqueError, UniqueOpts, merged
+from coldbrew.urlguard import check_webhook_url
 
 log = structlog.get_logger("coldbrew.client")
 
@@ -117,8 +118,15 @@ class Client:
         unique_keys: tuple[str, ...] | str | None = None,
         run_at: datetime | None = None,
         delay: float | timedelta | None = None,
+        webhook_url: str | None = None,
     ) -> JobRecord:
         """Submit a job and return its record; the same idempotency key returns the same job.
+
+        ``webhook_url``: when the job reaches a terminal status, a signed webhook is
+        delivered there by a job of its own, enqueued with the outcome (README
+        "Webhooks"); without one, the tenant's URL (``coldbrew tenants set T
+        --webhook-url``), if any. A literal loopback, private, link-local, ... address is
+        refused (``invalid_webhook_url``) unless ``COLDBREW_WEBHOOK_ALLOW_PRIVATE``.
 
         ``run_at`` (a timezone-aware datetime) or ``delay`` (seconds, or a
         ``timedelta``, from when PostgreSQL records the job) schedules it: the
@@ -162,6 +170,7 @@ class Client:
             timeout,
             registered,
         )
+        request.webhook_url = self._webhook(webhook_url)
         if opts is not None:
             return await self._submit_unique(request, opts)
         request.run_at, request.delay = scheduled_at, scheduled_delay
@@ -173,6 +182,15 @@ class Client:
         if mark is not None and record.status is Status.QUEUED:
             await self._publish(request, mark)
         return record
+
+    def _webhook(self, url: str | None) -> str | None:
+        """The submission's webhook URL, checked (``InvalidRequest("invalid_webhook_url")``)."""
+        if url is None:
+            return None
+        try:
+            return check_webhook_url(url, allow_private=self.settings.webhook_allow_private).url
+        except ContractViolation as violation:
+            raise InvalidRequest(violation.reason, violation.detail) from None
 
     async def _submit_unique(self, request: ClaimRequest, opts: UniqueOpts) -> JobRecord:
         """Insert the job unless its unique key's holder stands; return the holder then."""

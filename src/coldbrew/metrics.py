@@ -119,6 +119,10 @@ class JobHandles:
             self.duration.observe(seconds)
 
 
+WEBHOOK_OUTCOMES: Final = ("delivered", "retried", "refused", "blocked", "gave_up")
+"""coldbrew_webhook_deliveries_total's outcomes (renamed from coldbrew_api_webhooks_total)."""
+
+
 class Metrics:
     """All of coldbrew's metrics, registered on ``registry``.
 
@@ -139,6 +143,7 @@ class Metrics:
         init_build_info(registry)
         self._init_ratelimit_metrics(registry)
         self._init_scheduled_metrics(registry)
+        self._init_webhook_metrics(registry)
         self._handles: dict[tuple[str, str], JobHandles] = {}
         # Known label values exist from the start, so rate() sees the first increment.
         for cause in REDELIVERY_CAUSES:
@@ -147,6 +152,21 @@ class Metrics:
             self.relay_published.labels(cause=cause)
         for outcome in SCHEDULED_DELIVERIES:
             self.scheduled_deliveries.labels(outcome=outcome)
+
+    def _init_webhook_metrics(self, reg: CollectorRegistry) -> None:
+        """Webhook delivery attempts (coldbrew/webhooks/delivery.py; each is a job's attempt)."""
+        self.webhook_deliveries = Counter(
+            "coldbrew_webhook_deliveries_total",
+            "Webhook delivery attempts by outcome: delivered (2xx), retried (a network error, "
+            "a time-out, 408/425/429 or 5xx, and attempts remain), refused (3xx or another "
+            "4xx: not retried, the delivery job failed), blocked (the SSRF guard refused the "
+            "address: no connection made), gave_up (the last attempt failed: the delivery "
+            "job is dead).",
+            ["outcome"],
+            registry=reg,
+        )
+        for outcome in WEBHOOK_OUTCOMES:
+            self.webhook_deliveries.labels(outcome)
 
     def _init_scheduled_metrics(self, reg: CollectorRegistry) -> None:
         """Scheduled jobs and snoozes (the ``coldbrew_jobs_scheduled`` gauge is stats.py's)."""
@@ -591,12 +611,11 @@ class Metrics:
         )
 
 
-# --- coldbrew api (api/instrument.py, api/webhooks.py) ------------------------
+# --- coldbrew api (api/instrument.py) ----------------------------------
 
 # Request latency: most answers take milliseconds; long polls and event streams
 # are held up to minutes, so the top buckets tell a held request from a slow one.
 API_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-WEBHOOK_OUTCOMES: Final = ("delivered", "refused", "retried", "gave_up", "untracked")
 WAITER_KINDS: Final = ("long_poll", "event_stream")
 
 
@@ -628,16 +647,6 @@ class ApiMetrics:
             buckets=API_BUCKETS,
             registry=reg,
         )
-        self.webhooks = Counter(
-            "coldbrew_api_webhooks_total",
-            "Webhook outcomes: delivered, refused (a 4xx other than 408/425/429: not retried), "
-            "retried (an attempt failed and another follows), gave_up (attempts spent), "
-            "untracked (forgotten before it finished: 100,000 jobs were being watched).",
-            ["outcome"],
-            registry=reg,
-        )
-        for outcome in WEBHOOK_OUTCOMES:
-            self.webhooks.labels(outcome)
 
     def watch_waiters(self, open_waiters: Callable[[], Mapping[str, int]]) -> None:
         """``coldbrew_api_open_waiters{kind}``: long polls and event streams open now."""
@@ -655,9 +664,6 @@ class ApiMetrics:
                 series,
             )
         )
-
-    def webhook(self, outcome: str) -> None:
-        self.webhooks.labels(outcome).inc()
 
 
 def _as_series(check: Callable[[], bool]) -> ScrapeCallback:

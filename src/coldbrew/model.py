@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from coldbrew import durations, storable
+from coldbrew import durations, storable, urlguard
 from coldbrew.app import JOB_TYPE_RE
 from coldbrew.errors import ContractViolation, InvalidRequest, UnstorableValue
 
@@ -99,6 +99,9 @@ class JobFields:
     """When the job is due (aware); None: now, or ``delay`` seconds from now."""
     delay: float | None = None
     """Seconds from the moment PostgreSQL records the job (its clock); None: no delay."""
+    webhook_url: str | None = None
+    """Where a signed webhook announces the job's terminal status (``urlguard`` checked it);
+    None: the tenant's URL, if it has one (migration 0012's trigger decides)."""
 
     def resolved(self, registered: Registered | None, default_max_attempts: int) -> JobFields:
         """The defaults chain, written once: what the producer set (argument or header)
@@ -120,6 +123,7 @@ class JobFields:
             self.idempotency_key,
             self.run_at,
             self.delay,
+            self.webhook_url,
         )
 
     @property
@@ -153,8 +157,12 @@ def parse_envelope(
     headers: Mapping[str, Any] | None,
     priority: int | None,
     max_body_bytes: int,
+    allow_private_webhooks: bool = False,
 ) -> Envelope:
-    """Check one delivery against the contract; raise ``ContractViolation`` with a reason code."""
+    """Check one delivery against the contract; raise ``ContractViolation`` with a reason code.
+
+    ``allow_private_webhooks`` (``COLDBREW_WEBHOOK_ALLOW_PRIVATE``): an ``x-webhook-url``
+    whose host is a loopback, private, link-local, ... address is accepted, not rejected."""
     queue, tenant = split_routing_key(routing_key)
     if len(body) > max_body_bytes:
         raise ContractViolation(
@@ -173,6 +181,7 @@ def parse_envelope(
     job_id = _job_id(message_id, tenant, key)
     clamped = priority is not None and not 0 <= priority <= MAX_PRIORITY
     run_at, delay = _header_schedule(headers)
+    webhook_url = _header_webhook(headers, allow_private_webhooks)
     return Envelope(
         id=job_id,
         type=job_type,
@@ -185,6 +194,7 @@ def parse_envelope(
         timeout=_header_float(headers, "x-timeout-seconds"),
         run_at=run_at,
         delay=delay,
+        webhook_url=webhook_url,
         priority_clamped=clamped,
     )
 
@@ -212,6 +222,8 @@ def check_submission(
     max_attempts: int | None,
     timeout: float | None,
     max_body_bytes: int,
+    webhook_url: str | None = None,
+    allow_private_webhooks: bool = False,
 ) -> None:
     """Raise ``InvalidRequest`` for a job a worker would dead-letter; say which field and why.
 
@@ -223,6 +235,8 @@ def check_submission(
         _check_submission(
             job_id, type, args, queue, tenant, priority, idempotency_key, max_attempts, timeout
         )
+        if webhook_url is not None:
+            urlguard.check_webhook_url(webhook_url, allow_private=allow_private_webhooks)
         size = len(message_body(type, args))
     except ContractViolation as violation:
         raise InvalidRequest(violation.reason, violation.detail) from None
@@ -279,7 +293,11 @@ def message_body(type: str, args: Mapping[str, Any]) -> bytes:
 
 
 def message_headers(
-    *, idempotency_key: str | None, max_attempts: int | None, timeout: float | None
+    *,
+    idempotency_key: str | None,
+    max_attempts: int | None,
+    timeout: float | None,
+    webhook_url: str | None = None,
 ) -> dict[str, Any]:
     """The optional headers of a job message, as ``parse_envelope`` reads them back.
 
@@ -295,6 +313,8 @@ def message_headers(
         headers["x-max-attempts"] = max_attempts
     if timeout is not None:
         headers["x-timeout-seconds"] = repr(float(timeout))
+    if webhook_url is not None:
+        headers["x-webhook-url"] = webhook_url
     return headers
 
 
@@ -396,6 +416,15 @@ def _header_int(headers: Mapping[str, Any], name: str) -> int | None:
         except ValueError:
             raise ContractViolation("invalid_header", f"{name} must be an integer") from None
     return _check_attempts(value, name, "invalid_header")
+
+
+def _header_webhook(headers: Mapping[str, Any], allow_private: bool) -> str | None:
+    value = headers.get("x-webhook-url")
+    if value is None:
+        return None
+    return urlguard.check_webhook_url(
+        value, allow_private=allow_private, what="x-webhook-url", reason="invalid_webhook_url"
+    ).url
 
 
 def _check_attempts(value: object, name: str, reason: str) -> int:

@@ -25,7 +25,8 @@ from pydantic_settings import (
 )
 
 from coldbrew.crontab import CronSpec, parse_config
-from coldbrew.errors import ConfigurationError
+from coldbrew.errors import ConfigurationError, ContractViolation
+from coldbrew.urlguard import check_webhook_url
 
 ENV_PREFIX = "COLDBREW_"
 NAME_PATTERN = r"^[a-z0-9_-]{1,64}$"
@@ -170,10 +171,21 @@ class Settings(BaseSettings):
     api_keepalive_seconds: Annotated[int, Field(ge=1, le=300)] = 5
     api_max_connections: Annotated[int, Field(ge=1, le=100_000)] = 1000
     api_max_waiters: Annotated[int, Field(ge=1, le=100_000)] = 500
+    # --- webhooks (coldbrew/webhooks/, migration 0012): a delivery is a job ---
+    # deprecated: the URL `coldbrew api` gives its POST /jobs submissions that name none
+    # (prefer a submission's webhook_url or `coldbrew tenants set T --webhook-url URL`)
     webhook_url: str = ""
+    # signs every delivery (workers deliver: set it on the workers)
     webhook_secret: str = Field(default="", repr=False)
+    # attempts of a delivery job before it is dead (retried with the normal backoff)
     webhook_max_attempts: Annotated[int, Field(ge=1, le=100)] = 8
+    # read (and write) time-out of one attempt, and its connect time-out
     webhook_timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
+    webhook_connect_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 5.0
+    # the most of a receiver's answer read (the rest is not read)
+    webhook_max_response_bytes: Annotated[int, Field(ge=0, le=16 * 1024 * 1024)] = 64 * 1024
+    # allow webhooks to loopback, private, link-local, unique-local, ... addresses (SSRF guard)
+    webhook_allow_private: bool = False
 
     # --- cron (worker/cron.py) ---
     # schedules for jobs registered without @app.cron: a JSON list of objects with
@@ -254,6 +266,15 @@ class Settings(BaseSettings):
         if value and urlsplit(value).scheme not in ("http", "https"):
             raise ValueError("must start with http:// or https://")
         return value
+
+    @model_validator(mode="after")
+    def _check_webhook_target(self) -> Settings:
+        if self.webhook_url:
+            try:
+                check_webhook_url(self.webhook_url, allow_private=self.webhook_allow_private)
+            except ContractViolation as exc:
+                raise ValueError(f"COLDBREW_WEBHOOK_URL: {exc.detail}") from None
+        return self
 
     @model_validator(mode="after")
     def _check_webhook_secret(self) -> Settings:

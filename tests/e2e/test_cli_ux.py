@@ -68,6 +68,7 @@ async def cli(settings: Settings, *argv: str) -> Ran:
 async def cli_all(settings: Settings, commands: list[tuple[str, ...]]) -> list[Ran]:
     return [await cli(settings, *command) for command in commands]
 
+
 EMPTY_STATES = {
     ("stats", "--sample", "0"): "no jobs waiting or running, and none finished in the last 1h",
     ("workers",): "no live workers",
@@ -139,8 +140,7 @@ async def test_submit_of_an_unregistered_type_says_which_lane(settings: Settings
     done = await cli(settings, "submit", "mystery", "--args", "{}")
     assert done.returncode == 0, done.stderr
     assert one_line(done.stderr) == (
-        "coldbrew: type 'mystery' is not registered by any worker yet; submitted on lane "
-        "'default'"
+        "coldbrew: type 'mystery' is not registered by any worker yet; submitted on lane 'default'"
     )
     assert json.loads(done.stdout)["queue"] == "default"
 
@@ -150,7 +150,14 @@ async def test_submit_wait_times_out_with_one_line(settings: Settings) -> None:
     stdout, one stderr line that names the job and says it goes on."""
     done = await cli(
         settings,
-        "submit", "echo", "--queue", "nowhere", "--wait", "--timeout", "0.5", "--json",
+        "submit",
+        "echo",
+        "--queue",
+        "nowhere",
+        "--wait",
+        "--timeout",
+        "0.5",
+        "--json",
     )
     assert done.returncode == 1, done.stderr
     status = json.loads(done.stdout)
@@ -208,10 +215,19 @@ async def test_stats_since_counts_finished_jobs(
     )
     assert table.returncode == 0 and as_json.returncode == 0, table.stderr + as_json.stderr
     rows = {(r["queue"], r["tenant"]): r["window"] for r in json.loads(as_json.stdout)}
-    assert rows[("default", "acme")] | {"run_p50_seconds": 0, "run_p95_seconds": 0,
-                                         "wait_p50_seconds": 0} == {
-        "seconds": 900.0, "succeeded": 2, "failed": 1, "cancelled": 0, "dead": 0,
-        "run_p50_seconds": 0, "run_p95_seconds": 0, "wait_p50_seconds": 0,
+    assert rows[("default", "acme")] | {
+        "run_p50_seconds": 0,
+        "run_p95_seconds": 0,
+        "wait_p50_seconds": 0,
+    } == {
+        "seconds": 900.0,
+        "succeeded": 2,
+        "failed": 1,
+        "cancelled": 0,
+        "dead": 0,
+        "run_p50_seconds": 0,
+        "run_p95_seconds": 0,
+        "wait_p50_seconds": 0,
     }
     assert rows[("default", "acme")]["run_p50_seconds"] is not None
     nowhere = rows[("nowhere", "globex")]

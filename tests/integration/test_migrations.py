@@ -118,10 +118,9 @@ async def test_migrations_build_schema_sql(conn: asyncpg.Connection, schemas: li
     assert {row[0] for row in want["columns"]} >= {"jobs", "job_once", "tenants"}
     for part in want:
         assert got[part] == want[part], f"{part} differ between migrations and schema.sql"
-    assert (
-        await conn.fetchval(f"SELECT count(*) FROM {quote_ident(migrated)}.schema_migrations")
-        == len(VERSIONS)
-    )
+    assert await conn.fetchval(
+        f"SELECT count(*) FROM {quote_ident(migrated)}.schema_migrations"
+    ) == len(VERSIONS)
 
 
 async def test_migrate_is_idempotent(conn: asyncpg.Connection, schemas: list[str]) -> None:
@@ -131,10 +130,9 @@ async def test_migrate_is_idempotent(conn: asyncpg.Connection, schemas: list[str
     before = await catalog(conn, namespace)
     assert await migrate(DATABASE_URL, namespace) == []
     assert await catalog(conn, namespace) == before
-    assert (
-        await conn.fetchval(f"SELECT count(*) FROM {quote_ident(namespace)}.schema_migrations")
-        == len(VERSIONS)
-    )
+    assert await conn.fetchval(
+        f"SELECT count(*) FROM {quote_ident(namespace)}.schema_migrations"
+    ) == len(VERSIONS)
 
 
 async def test_concurrent_migrate_applies_once(

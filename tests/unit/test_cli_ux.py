@@ -21,8 +21,16 @@ from coldbrew.watch import PlainLines, plain_line, shorten, value_text
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("90s", 90), ("15m", 900), ("1h", 3600), ("7d", 604800), ("1h30m", 5400), ("45", 45),
-     ("2w", 1209600), (" 1H ", 3600)],
+    [
+        ("90s", 90),
+        ("15m", 900),
+        ("1h", 3600),
+        ("7d", 604800),
+        ("1h30m", 5400),
+        ("45", 45),
+        ("2w", 1209600),
+        (" 1H ", 3600),
+    ],
 )
 def test_durations(text: str, seconds: float) -> None:
     """`--since` reads seconds, minutes, hours, days, weeks, combined, or bare seconds."""
@@ -38,7 +46,11 @@ def test_bad_durations_name_the_flag(text: str) -> None:
 
 def test_format_duration() -> None:
     assert [format_duration(v) for v in (None, 0.42, 75, 7200, 90000)] == [
-        "-", "0.4s", "1.2m", "2.0h", "1.0d"
+        "-",
+        "0.4s",
+        "1.2m",
+        "2.0h",
+        "1.0d",
     ]
 
 
@@ -66,12 +78,26 @@ def test_shorten_cuts_values() -> None:
 def record(**fields: Any) -> JobRecord:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     values: dict[str, Any] = {
-        "id": "job-1", "type": "thumbnail", "queue": "default", "tenant": "acme",
-        "status": Status.RUNNING, "priority": 0, "attempt": 1, "max_attempts": 3,
-        "progress": 0.25, "progress_message": "rendering 1/4", "result": None,
-        "error_kind": None, "error_message": None, "dead_reason": None, "created_at": now,
-        "started_at": now, "finished_at": None, "run_at": now + timedelta(seconds=3),
-        "cancel_requested": False, "args": {},
+        "id": "job-1",
+        "type": "thumbnail",
+        "queue": "default",
+        "tenant": "acme",
+        "status": Status.RUNNING,
+        "priority": 0,
+        "attempt": 1,
+        "max_attempts": 3,
+        "progress": 0.25,
+        "progress_message": "rendering 1/4",
+        "result": None,
+        "error_kind": None,
+        "error_message": None,
+        "dead_reason": None,
+        "created_at": now,
+        "started_at": now,
+        "finished_at": None,
+        "run_at": now + timedelta(seconds=3),
+        "cancel_requested": False,
+        "args": {},
     }
     values.update(fields)
     return JobRecord(**values)
@@ -102,8 +128,12 @@ def test_plain_lines_start_with_the_id_and_print_each_change_once() -> None:
 
 
 def test_succeeded_line_shows_the_result_as_json() -> None:
-    done = record(status=Status.SUCCEEDED, progress=1.0, progress_message=None,
-                  result={"url": "s3://" + "x" * 300})
+    done = record(
+        status=Status.SUCCEEDED,
+        progress=1.0,
+        progress_message=None,
+        result={"url": "s3://" + "x" * 300},
+    )
     line = plain_line(done)
     assert "succeeded 100%  → " in line
     json.loads(line.split("→ ", 1)[1])
@@ -119,11 +149,26 @@ def test_stats_rows_include_lanes_whose_jobs_all_succeeded() -> None:
     ]
     rows = merge_rows(waiting, finished, {}, {})
     assert [(r.waiting.queue, r.waiting.tenant) for r in rows] == [
-        ("default", "acme"), ("slow", "globex")
+        ("default", "acme"),
+        ("slow", "globex"),
     ]
     title, header, *lines = stats_lines(rows, "1h")
     assert "finished in the last 1h" in title
     assert lines[1].split() == [
-        "slow", "globex", "0", "0", "0", "0", "-", "-", "-", "│", "3", "1", "1", "0", "2.0s",
+        "slow",
+        "globex",
+        "0",
+        "0",
+        "0",
+        "0",
+        "-",
+        "-",
+        "-",
+        "│",
+        "3",
+        "1",
+        "1",
+        "0",
+        "2.0s",
         "3.0s",
     ]

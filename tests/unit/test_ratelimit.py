@@ -39,8 +39,23 @@ def test_rates_parse(text: str, per_second: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "10", "10/", "/s", "10/d", "10/m", "-1/s", "0/s", "1e3/s", "ten/s", "1/s/s",
-             "200000/s", "nan/s", "inf/s"]
+    "text",
+    [
+        "",
+        "10",
+        "10/",
+        "/s",
+        "10/d",
+        "10/m",
+        "-1/s",
+        "0/s",
+        "1e3/s",
+        "ten/s",
+        "1/s/s",
+        "200000/s",
+        "nan/s",
+        "inf/s",
+    ],
 )
 def test_bad_rates_are_refused_naming_the_setting(text: str) -> None:
     with pytest.raises(ConfigurationError, match="--rate"):

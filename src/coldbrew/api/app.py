@@ -45,6 +45,8 @@ class ApiConfig:
     max_wait_seconds: float = 60.0
     sse_keepalive_seconds: float = 15.0
     max_waiters: int = 500
+    webhook_url: str | None = None
+    """Deprecated ``COLDBREW_WEBHOOK_URL``: the webhook of a submission that names none."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiConfig:
@@ -52,6 +54,7 @@ class ApiConfig:
             max_body_bytes=settings.max_body_bytes,
             max_wait_seconds=settings.api_max_wait_seconds,
             max_waiters=settings.api_max_waiters,
+            webhook_url=settings.webhook_url or None,
         )
 
 

@@ -82,6 +82,7 @@ async def submit_job(request: Request) -> Response:
         unique_keys=None if body.unique_keys is None else tuple(body.unique_keys),
         run_at=body.schedule(),
         delay=body.delay_seconds,
+        webhook_url=body.webhook_url or state.config.webhook_url,
     )
     if record.duplicate and not principal.may_see(record.tenant):
         # a key without "tenant" in unique_by spans tenants: say so, show nothing of the job

@@ -24,6 +24,7 @@ from coldbrew.model import (
     NAME_RE,
 )
 from coldbrew.unique import MAX_PERIOD_SECONDS
+from coldbrew.urlguard import MAX_URL_LENGTH
 
 UniquePart = Literal["args", "tenant", "queue"]
 UniqueState = Literal[
@@ -84,6 +85,16 @@ JSON_INTEGER = BeforeValidator(_json_integer)
 """On an integer field: strict (no strings, no booleans), but 7.0 is 7, as in JSON Schema."""
 
 
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+WEBHOOK_URL_TEXT = (
+    rf"^[Hh][Tt][Tt][Pp][Ss]?://(?:{_LABEL}\.)*[A-Za-z](?:[A-Za-z0-9-]{{0,61}}[A-Za-z0-9])?"
+    rf"(?::{_PORT})?(?:[/?][\x21-\x7e]*)?$"
+)
+"""A webhook URL over HTTP: http(s), a host name whose last label starts with a letter
+(so never a literal address), an optional port 1-65535, then printable ASCII."""
+
+
 class SubmitBody(BaseModel):
     """A job submission; the job id comes from the ``Idempotency-Key`` header or is new."""
 
@@ -122,6 +133,12 @@ class SubmitBody(BaseModel):
     ) = None
     delay_seconds: Annotated[
         float | None, Field(ge=0, le=MAX_SCHEDULE_SECONDS, allow_inf_nan=False)
+    ] = None
+    # durable webhooks (README "Webhooks"): over HTTP the host is a name, checked with its
+    # addresses at delivery (a literal address, which Client.submit would judge at once,
+    # is left to Python callers and AMQP producers: the schema says exactly what is taken)
+    webhook_url: Annotated[
+        str | None, Field(max_length=MAX_URL_LENGTH, pattern=WEBHOOK_URL_TEXT)
     ] = None
 
     def schedule(self) -> datetime | None:

@@ -25,7 +25,6 @@ from coldbrew.api.app import ApiConfig, create_app, stop_waiting
 from coldbrew.api.auth import KeyRing
 from coldbrew.api.limits import ConnectionLimits
 from coldbrew.api.protocol import protocol_class
-from coldbrew.api.webhooks import WebhookDispatcher
 from coldbrew.app import App
 from coldbrew.client import Client
 from coldbrew.errors import ColdbrewError, ConfigurationError
@@ -94,32 +93,11 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def webhooks(settings: Settings, metrics: ApiMetrics | None = None) -> WebhookDispatcher | None:
-    if not settings.webhook_url:
-        return None
-    return WebhookDispatcher(
-        settings.webhook_url,
-        settings.webhook_secret,
-        max_attempts=settings.webhook_max_attempts,
-        timeout=settings.webhook_timeout_seconds,
-        count=None if metrics is None else metrics.webhook,
-    )
-
-
 async def serve(settings: Settings, *, app: App | None = None) -> None:
-    """Run the API (and webhook delivery, if configured) until SIGTERM/SIGINT."""
-    metrics = ApiMetrics(CollectorRegistry())  # one per process: the routes' and the webhooks'
-    dispatcher = webhooks(settings, metrics)
-    if dispatcher is None:
-        await run_server(settings, app=app, metrics=metrics)
-    else:
-        await run_server(
-            settings,
-            app=app,
-            on_submitted=dispatcher.track,
-            background={"webhooks": dispatcher.run},
-            metrics=metrics,
-        )
+    """Run the API until SIGTERM/SIGINT. Webhooks need nothing here: a delivery is a job,
+    enqueued with the outcome (coldbrew/webhooks/); ``COLDBREW_WEBHOOK_URL`` (deprecated)
+    is only the default URL of this API's submissions (``ApiConfig.webhook_url``)."""
+    await run_server(settings, app=app, metrics=ApiMetrics(CollectorRegistry()))
 
 
 async def run_server(

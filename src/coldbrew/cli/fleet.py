@@ -16,7 +16,7 @@ from coldbrew.cli.common import (
     print_json,
 )
 from coldbrew.errors import ConfigurationError
-from coldbrew.settings import Settings
+from coldbrew.settings import Settings, mask_url
 
 if TYPE_CHECKING:
     from coldbrew.store import JobTypeSettings, RegisteredType
@@ -35,6 +35,11 @@ def add_commands(sub: Subparsers[Parser]) -> None:
         "--max-running", metavar="N|none", help="fleet-wide cap on running jobs (none: no cap)"
     )
     _add_rate_options(tenants_set)
+    tenants_set.add_argument(
+        "--webhook-url",
+        metavar="URL|none",
+        help="webhook of the tenant's jobs that name none (none: remove it)",
+    )
     for verb, text in (("pause", "hold this tenant's jobs"), ("resume", "run them again")):
         tenants_sub.add_parser(verb, help=text).add_argument("name")
 
@@ -44,9 +49,7 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     types_sub = types.add_subparsers(dest="types_command", required=True, parser_class=Parser)
     types_sub.add_parser(
         "list", help="every job type a worker registered or that has a cap: lane, defaults, cap"
-    ).add_argument(
-        "--json", action="store_true"
-    )
+    ).add_argument("--json", action="store_true")
     types_set = types_sub.add_parser("set", help="cap a job type's running jobs fleet-wide")
     types_set.add_argument("name", metavar="TYPE")
     types_set.add_argument("--max-running", metavar="N|none", help="the cap (none: no cap)")
@@ -102,6 +105,21 @@ def parse_rate_options(rate_text: str | None, burst_text: str | None) -> RateCha
     return RateChange(per_second, burst, clear=False)
 
 
+def parse_webhook_option(text: str | None, settings: Settings) -> str | None:
+    """``--webhook-url`` checked as a submission's would be (ConfigurationError: exit 2);
+    ``none`` removes it; None: not given."""
+    from coldbrew.errors import ContractViolation
+    from coldbrew.urlguard import check_webhook_url
+
+    if text is None or text.strip().lower() == "none":
+        return text
+    try:
+        check_webhook_url(text, allow_private=settings.webhook_allow_private, what="--webhook-url")
+    except ContractViolation as exc:
+        raise ConfigurationError(exc.detail) from None
+    return text
+
+
 def _describe_rate(per_second: float | None, burst: int | None) -> str:
     from coldbrew.ratelimit import default_burst, format_rate
 
@@ -126,6 +144,7 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
     cap_text = getattr(args, "max_running", None)
     cap = parse_cap(cap_text) if cap_text is not None else None
     rate = parse_rate_options(getattr(args, "rate", None), getattr(args, "burst", None))
+    webhook = parse_webhook_option(getattr(args, "webhook_url", None), settings)
     channel = Topology(settings.namespace).tenant_channel
     async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
         await store.check_schema()
@@ -149,6 +168,9 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
                     clear=rate.clear,
                     channel=channel,
                 )
+            if webhook is not None:
+                url = None if webhook.strip().lower() == "none" else webhook
+                row = await store.tenants.set_tenant_webhook(name, url, channel=channel)
             rows = [row]
     if getattr(args, "json", False):
         print_json([dataclasses.asdict(row) for row in rows])
@@ -157,7 +179,8 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
         state = "paused" if row.paused else "active"
         limit = "no cap" if row.max_running is None else f"max running {row.max_running}"
         rated = _describe_rate(row.rate_per_second, row.rate_burst)
-        print(f"{row.name:<24} weight {row.weight:<6g} {limit:<18} {rated:<26} {state}")
+        hook = f" webhook {mask_url(row.webhook_url)}" if row.webhook_url else ""
+        print(f"{row.name:<24} weight {row.weight:<6g} {limit:<18} {rated:<26} {state}{hook}")
     if not rows:
         print_empty("no tenants yet: one is recorded when its first job arrives")
     return EXIT_OK

@@ -46,6 +46,9 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     submit.add_argument("--priority", type=int, default=0)
     submit.add_argument("--idempotency-key")
     submit.add_argument("--max-attempts", type=int)
+    submit.add_argument(
+        "--webhook-url", metavar="URL", help="where a signed webhook announces the outcome"
+    )
     submit.add_argument("--app", metavar="MODULE:APP", help="validate args and pick the lane")
     add_app_dir(submit)
     submit.add_argument(
@@ -139,6 +142,7 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
             unique_keys=args.unique_keys,
             run_at=run_at,
             delay=delay,
+            webhook_url=args.webhook_url,
         )
         if record.duplicate:
             print(f"coldbrew: a duplicate of job {record.id} (unique)", file=sys.stderr)

@@ -4,19 +4,20 @@
 -- namespace's schema, so no statement names a schema.
 
 -- name: insert_job
--- Submit a job as queued and unpublished, or as scheduled when its run_at (or now + delay) is still ahead: publish_after is then that time, when the relay publishes it ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds, $11 run_at or null, $12 delay seconds or null)
+-- Submit a job as queued and unpublished, or as scheduled when its run_at (or now + delay) is still ahead: publish_after is then that time, when the relay publishes it ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds, $11 run_at or null, $12 delay seconds or null, $13 webhook url or null)
 WITH due AS MATERIALIZED (
     SELECT coalesce($11::timestamptz, now() + make_interval(secs => coalesce($12::float8, 0)))
            AS at
 )
 INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                  idempotency_key, status, run_at, publish_after)
+                  idempotency_key, status, run_at, publish_after, webhook_url)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
         CASE WHEN (SELECT at FROM due) > now() THEN 'scheduled'::job_status
              ELSE 'queued'::job_status END,
         greatest((SELECT at FROM due), now()),
         CASE WHEN (SELECT at FROM due) > now() THEN (SELECT at FROM due)
-             ELSE now() + make_interval(secs => $10) END)
+             ELSE now() + make_interval(secs => $10) END,
+        $13)
 ON CONFLICT (id) DO NOTHING
 RETURNING *;
 
@@ -323,7 +324,8 @@ SELECT EXISTS (SELECT 1 FROM added) AS added;
 
 -- name: list_tenants
 -- Every tenant with its scheduling settings
-SELECT name, weight, max_running, paused, created_at, rate_per_second, rate_burst
+SELECT name, weight, max_running, paused, created_at, rate_per_second, rate_burst,
+       webhook_url
 FROM tenants ORDER BY name;
 
 -- name: set_tenant
@@ -334,7 +336,8 @@ VALUES ($1, coalesce($2::real, 1), coalesce($3::bool, false),
 ON CONFLICT (name) DO UPDATE
 SET weight = coalesce($2::real, tenants.weight), paused = coalesce($3::bool, tenants.paused),
     max_running = CASE WHEN $5::bool THEN NULL ELSE coalesce($4::int4, tenants.max_running) END
-RETURNING name, weight, max_running, paused, created_at, rate_per_second, rate_burst;
+RETURNING name, weight, max_running, paused, created_at, rate_per_second, rate_burst,
+          webhook_url;
 
 -- name: list_job_types
 -- Every job type with a fleet-wide setting
@@ -851,7 +854,7 @@ SELECT now() AS now, pg_postmaster_start_time() AS server_started;
 -- --- Unique jobs (issue #15; 0008_unique.sql) -------------------------------------
 
 -- name: insert_unique_job
--- Submit a job unique for its key, in one statement: unless a job with its id exists (an idempotency key wins), take the key when it is free, or its holder was created before the period or is in none of the states, and insert the job queued and unpublished; returns the new row, or nothing when the key's holder (find_unique_holder) or the id's job stands ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds, $11 unique key, $12 unique states, $13 period seconds or NULL for ever)
+-- Submit a job unique for its key, in one statement: unless a job with its id exists (an idempotency key wins), take the key when it is free, or its holder was created before the period or is in none of the states, and insert the job queued and unpublished; returns the new row, or nothing when the key's holder (find_unique_holder) or the id's job stands ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds, $11 unique key, $12 unique states, $13 period seconds or NULL for ever, $14 webhook url or null)
 WITH taken AS (
     INSERT INTO job_unique AS u (key, job_id)
     SELECT $11, $1
@@ -863,8 +866,8 @@ WITH taken AS (
     RETURNING u.job_id
 )
 INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                  idempotency_key, publish_after)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10)
+                  idempotency_key, publish_after, webhook_url)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10), $14
 FROM taken
 ON CONFLICT (id) DO NOTHING
 RETURNING *;
@@ -1068,7 +1071,8 @@ ON CONFLICT (name) DO UPDATE
 SET rate_per_second = CASE WHEN $4::bool THEN NULL
                            ELSE coalesce($2::float8, tenants.rate_per_second) END,
     rate_burst = CASE WHEN $4::bool THEN NULL ELSE coalesce($3::int4, tenants.rate_burst) END
-RETURNING name, weight, max_running, paused, created_at, rate_per_second, rate_burst;
+RETURNING name, weight, max_running, paused, created_at, rate_per_second, rate_burst,
+          webhook_url;
 
 -- name: set_job_type_rate
 -- Create a job type's settings or change its rate limit: a null leaves that setting as it is, $4 true removes both ($1 name, $2 starts per second or null, $3 burst or null, $4 true to remove the limit)

@@ -308,3 +308,50 @@ WHEN (NEW.batch_id IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
       AND (OLD.status IN ('succeeded', 'failed', 'dead', 'cancelled')
            OR NEW.status IN ('succeeded', 'failed', 'dead', 'cancelled')))
 EXECUTE FUNCTION batch_member_moved();
+-- --- durable webhooks (issue #16; migration 0012: the why is there) ---
+
+ALTER TABLE jobs ADD COLUMN webhook_url text;
+ALTER TABLE tenants ADD COLUMN webhook_url text;
+
+CREATE FUNCTION coldbrew_enqueue_webhook() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    target text := NEW.webhook_url;
+    lane text;
+    attempts integer;
+    limit_seconds double precision;
+    snapshot jsonb;
+BEGIN
+    IF target IS NULL THEN
+        SELECT t.webhook_url INTO target FROM tenants AS t WHERE t.name = NEW.tenant;
+        IF target IS NULL THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    SELECT r.queue, r.max_attempts, r.timeout_seconds INTO lane, attempts, limit_seconds
+    FROM registered_types AS r WHERE r.name = 'coldbrew.webhook';
+    snapshot := to_jsonb(NEW) - ARRAY['args', 'checkpoint', 'idempotency_key', 'webhook_url',
+                                      'lease_expires_at', 'worker_id', 'publish_after',
+                                      'published_at', 'updated_at', 'cancel_reason'];
+    IF octet_length(NEW.result::text) > 65536 THEN
+        snapshot := snapshot || jsonb_build_object('result', NULL, 'result_omitted', true);
+    END IF;
+    INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
+                      status, run_at, publish_after)
+    VALUES (md5(concat_ws(E'\x1f', 'webhook', NEW.id, NEW.status::text, NEW.attempt::text,
+                          coalesce(NEW.finished_at, now())::text))::uuid::text,
+            'coldbrew.webhook', coalesce(lane, 'default'), NEW.tenant,
+            jsonb_build_object('url', target, 'job', snapshot), NEW.priority,
+            coalesce(attempts, 8), coalesce(limit_seconds, 60), 'queued', now(), now())
+    ON CONFLICT (id) DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_webhook_on_finish
+AFTER UPDATE OF status ON jobs
+FOR EACH ROW
+WHEN (NEW.status IN ('succeeded', 'failed', 'dead', 'cancelled')
+      AND OLD.status IS DISTINCT FROM NEW.status
+      AND NEW.type <> 'coldbrew.webhook')
+EXECUTE FUNCTION coldbrew_enqueue_webhook();

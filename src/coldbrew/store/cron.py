@@ -186,6 +186,7 @@ class CronStore(StoreBase):
                     relay_grace,
                     None,  # run_at: a tick runs now (its time has come)
                     None,  # delay
+                    None,  # webhook url: a scheduled job's webhook is its tenant's
                 )
                 if row is not None:
                     inserted.append((request, row["publish_after"]))

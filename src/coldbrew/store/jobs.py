@@ -43,6 +43,7 @@ class JobRows(StoreBase):
             relay_grace,
             request.run_at,
             request.delay,
+            request.webhook_url,
         )
         if row is not None:
             return JobRecord.from_row(row), row["publish_after"]

@@ -19,8 +19,8 @@ from coldbrew.batching import GroupCommit
 from coldbrew.errors import SchemaOutOfDate
 from coldbrew.sql import LATEST_VERSION
 from coldbrew.store.base import Database, StoreBase, open_pool
-from coldbrew.store.capacity import CapacityStore
 from coldbrew.store.batches import BatchRows
+from coldbrew.store.capacity import CapacityStore
 from coldbrew.store.caps import CapStore
 from coldbrew.store.claims import CLAIM_COMMITS, ClaimConfig, ClaimStore
 from coldbrew.store.cron import CronStore
@@ -34,6 +34,7 @@ from coldbrew.store.stats import StatsStore
 from coldbrew.store.tenants import TenantStore
 from coldbrew.store.types import TypeRegistry
 from coldbrew.store.unique import UniqueRows
+from coldbrew.store.webhooks import WebhookRows
 
 
 class JobStore(StoreBase):
@@ -73,6 +74,8 @@ class JobStore(StoreBase):
         """Arrivals and service times per lane, for ``coldbrew plan``."""
         self.batches = BatchRows(db)
         """Batches: creation with their members, counts, cancels, members added by members."""
+        self.webhooks = WebhookRows(db)
+        """A raw delivery's webhook URL, recorded before its claim (migration 0012)."""
 
     @classmethod
     @asynccontextmanager

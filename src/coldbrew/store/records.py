@@ -153,6 +153,8 @@ class TenantSettings:
     """Fleet-wide rate limit (starts per second), None: not limited."""
     rate_burst: int | None = None
     """Starts allowed at once beyond the steady rate; None: ``ratelimit.default_burst``."""
+    webhook_url: str | None = None
+    """Where the webhooks of the tenant's jobs that name no URL go; None: nowhere."""
 
     @classmethod
     def from_row(cls, row: Any) -> TenantSettings:
@@ -164,6 +166,7 @@ class TenantSettings:
             row["created_at"],
             row.get("rate_per_second"),
             row.get("rate_burst"),
+            row.get("webhook_url"),
         )
 
 

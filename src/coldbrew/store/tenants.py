@@ -58,6 +58,21 @@ class TenantStore(StoreBase):
 
         return await self._run(op)
 
+    async def set_tenant_webhook(
+        self, name: str, url: str | None, *, channel: str
+    ) -> TenantSettings:
+        """Set (None: remove) the tenant's webhook URL, for its jobs that name none; the
+        trigger of migration 0012 reads it when each job ends, so it needs no NOTIFY to
+        apply, but the fleet is told as for every tenant setting."""
+
+        async def op(conn: asyncpg.Connection) -> TenantSettings:
+            async with conn.transaction():
+                row = await conn.fetchrow(QUERIES["set_tenant_webhook"].text, name, url)
+                await _notify_settings_changed(conn, channel)
+                return TenantSettings.from_row(row)
+
+        return await self._run(op)
+
     async def list_job_types(self) -> list[JobTypeSettings]:
         return [JobTypeSettings.from_row(row) for row in await self._fetch("list_job_types")]
 

@@ -74,6 +74,7 @@ class UniqueRows(StoreBase):
                 unique.key,
                 list(opts.states),
                 opts.period,
+                request.webhook_url,
             )
             if row is not None:
                 return JobRecord.from_row(row), row["publish_after"], False

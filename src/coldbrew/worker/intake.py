@@ -147,6 +147,7 @@ class Intake:
             headers=message.headers,
             priority=message.priority,
             max_body_bytes=self.settings.max_body_bytes,
+            allow_private_webhooks=self.settings.webhook_allow_private,
         )
         try:
             spec = self.app.get(envelope.type)

@@ -104,9 +104,13 @@ class JobRunner:
         """Claim, ack, run and record one delivery of no capped scope. Never raises
         (but CancelledError)."""
         request = self._claim_request(delivery)
+        if not await self._webhook_noted(delivery, request, admitted=False):
+            return
         if request.deferred and await self._deferred(delivery, request):
             return
         if not await self._admitted(delivery, request):
+            return
+        if not await self._webhook_noted(delivery, request, admitted=True):
             return
         claim = await self._claim(delivery, lambda: self.store.claims.claim(request))
         if claim is not None:
@@ -124,9 +128,13 @@ class JobRunner:
         limits (``buckets``: rates/claim.py), or both: ``Capped`` when a cap left no room,
         ``RateLimited`` when a bucket had no token; the caller holds the delivery then."""
         request = self._claim_request(delivery)
+        if not await self._webhook_noted(delivery, request, admitted=False):
+            return None
         if request.deferred and await self._deferred(delivery, request):
             return None
         if not await self._admitted(delivery, request):
+            return None
+        if not await self._webhook_noted(delivery, request, admitted=True):
             return None
         if capped:
             return await self._claim(
@@ -159,6 +167,36 @@ class JobRunner:
         log.info("unique_duplicate", job_id=request.id, duplicate_of=admission.duplicate_of)
         await delivery.message.ack()
         return False
+
+    async def _webhook_noted(
+        self, delivery: Delivery, request: ClaimRequest, *, admitted: bool
+    ) -> bool:
+        """A raw delivery naming ``x-webhook-url``: record the URL with the job's row before
+        the claim (a unique type's once its admission inserted the row: ``admitted``), where
+        the outcome's trigger finds it (migration 0012). The hot path (no URL) sends
+        nothing. False when the delivery was settled instead (refused data, drained)."""
+        url = request.webhook_url
+        if url is None or (delivery.spec.unique is not None) != admitted:
+            return True
+
+        async def note() -> bool:
+            if admitted:
+                await self.store.webhooks.attach(request.id, url)
+            else:
+                grace = self.settings.relay_grace_seconds
+                await self.store.webhooks.record(request, relay_grace=grace)
+            return True
+
+        try:
+            noted = await self.writer.until_db_ok(note)
+        except UnstorableData as exc:
+            violation = ContractViolation("unstorable", f"PostgreSQL refused the job: {exc}")
+            self.dead_letters.reject(delivery.message, violation)
+            return False
+        if noted is None:  # stopping while the database is away
+            await delivery.message.requeue()
+            return False
+        return True
 
     async def _deferred(self, delivery: Delivery, request: ClaimRequest) -> bool:
         """A raw message asked for a later start (``x-run-at``/``x-delay-seconds``): record its

@@ -28,6 +28,7 @@ from coldbrew.metrics import Metrics
 from coldbrew.scheduler import FairScheduler
 from coldbrew.settings import Settings
 from coldbrew.topology import Topology
+from coldbrew.webhooks import WebhookConfig, WebhookSender
 from coldbrew.worker.aging_sweep import QueueSweeper
 from coldbrew.worker.cron import CronService, declared_schedules
 from coldbrew.worker.health import DatabaseHealth
@@ -46,11 +47,14 @@ class Worker:
     def __init__(
         self, app: App, settings: Settings, *, registry: CollectorRegistry | None = None
     ) -> None:
-        self.app = app
         self.settings = settings
         self.topology = Topology(settings.namespace)
-        self.lanes = settings.queues or app.queues
         self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
+        # the app's jobs and the built-in delivery job of durable webhooks (webhooks/), on
+        # a copy: the caller's app stays as written
+        self.app = app.extended()
+        WebhookSender(WebhookConfig.of(settings), count=self._webhook_outcome).register(self.app)
+        self.lanes = settings.queues or self.app.queues
         self.inflight = InFlight()
         self.lifecycle = Lifecycle()
         self.ready = self.lifecycle.ready
@@ -63,6 +67,9 @@ class Worker:
             self.metrics.declare_cron_schedule(schedule)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._built: Parts | None = None
+
+    def _webhook_outcome(self, outcome: str) -> None:
+        self.metrics.webhook_deliveries.labels(outcome).inc()
 
     @property
     def parts(self) -> Parts:
