@@ -17,7 +17,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from coldbrew.api import dashboard, routes
-from coldbrew.api.auth import KeyRing
+from coldbrew.api.accesslog import AccessLog
+from coldbrew.api.auth import CsrfSigner, KeyRing
 from coldbrew.api.errors import (
     ApiError,
     on_api_error,
@@ -45,6 +46,7 @@ class ApiConfig:
     max_wait_seconds: float = 60.0
     sse_keepalive_seconds: float = 15.0
     max_waiters: int = 500
+    session_seconds: float = 12 * 3600.0  # COLDBREW_DASHBOARD_SESSION_SECONDS
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiConfig:
@@ -52,6 +54,7 @@ class ApiConfig:
             max_body_bytes=settings.max_body_bytes,
             max_wait_seconds=settings.api_max_wait_seconds,
             max_waiters=settings.api_max_waiters,
+            session_seconds=settings.dashboard_session_seconds,
         )
 
 
@@ -66,6 +69,7 @@ class ApiState:
     spec: dict[str, Any]  # /openapi.json, built once from the validators and this config
     rates: DrainRates = field(default_factory=DrainRates)  # the dashboard's, across its loads
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # see stop_waiting()
+    csrf: CsrfSigner = field(default_factory=CsrfSigner)  # the dashboard's, this process's secret
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -115,7 +119,18 @@ ROUTES = [
     PathRoute("/dashboard.json", "dashboard_json", get=dashboard.dashboard_json),
     PathRoute("/dashboard/login", "login", get=dashboard.login_form, post=dashboard.login),
     PathRoute("/dashboard/logout", "logout", post=dashboard.logout),
+    PathRoute("/dashboard/jobs", "dashboard_jobs", get=dashboard.jobs),
     PathRoute("/dashboard/jobs/{job_id}", "dashboard_job", get=dashboard.dashboard_job),
+    PathRoute(
+        "/dashboard/jobs/{job_id}/events",
+        "dashboard_job_events",
+        get=dashboard.dashboard_job_events,
+    ),
+    PathRoute("/dashboard/static/job.js", "dashboard_script", get=dashboard.job_script),
+    PathRoute("/dashboard/tenants/{name}", "dashboard_tenant", get=dashboard.tenant),
+    PathRoute("/dashboard/audit", "dashboard_audit", get=dashboard.audit),
+    PathRoute("/dashboard/confirm", "dashboard_confirm", get=dashboard.confirm),
+    PathRoute("/dashboard/act", "dashboard_act", post=dashboard.act),
 ]
 
 
@@ -135,7 +150,7 @@ def create_app(
     metrics = metrics or ApiMetrics(CollectorRegistry())
     app = Starlette(
         routes=list(ROUTES),
-        middleware=[Middleware(RequestMetrics, metrics=metrics)],
+        middleware=[Middleware(AccessLog), Middleware(RequestMetrics, metrics=metrics)],
         exception_handlers={
             ApiError: on_api_error,
             HTTPException: on_http_exception,

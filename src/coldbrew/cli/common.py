@@ -51,21 +51,6 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str))
 
 
-def parse_cap(text: str) -> int | None:
-    """``--max-running``: a whole number 0..1,000,000, or ``none`` for no cap."""
-    if text.strip().lower() in ("none", "unlimited"):
-        return None
-    try:
-        cap = int(text)
-    except ValueError:
-        raise ConfigurationError(
-            f"--max-running must be a whole number or 'none', not {text!r}"
-        ) from None
-    if not 0 <= cap <= 1_000_000:
-        raise ConfigurationError(f"--max-running must be in 0..1000000, not {cap}")
-    return cap
-
-
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 MAX_DURATION_SECONDS = 3650 * 86400.0
@@ -86,9 +71,7 @@ def parse_duration(text: str, flag: str) -> float:
             for number, unit in _DURATION_PART.findall(cleaned)
         )
     if seconds is None or not math.isfinite(seconds):
-        raise ConfigurationError(
-            f"{flag} must be a duration like 90s, 15m, 1h or 7d, not {text!r}"
-        )
+        raise ConfigurationError(f"{flag} must be a duration like 90s, 15m, 1h or 7d, not {text!r}")
     if not 0 < seconds <= MAX_DURATION_SECONDS:
         raise ConfigurationError(f"{flag} must be more than 0 s and at most 3650d, not {text!r}")
     return seconds

@@ -11,11 +11,11 @@ from coldbrew.cli.common import (
     Handler,
     Parser,
     Subparsers,
-    parse_cap,
     print_empty,
     print_json,
 )
 from coldbrew.errors import ConfigurationError
+from coldbrew.operations import check_weight, parse_cap
 from coldbrew.settings import Settings
 
 if TYPE_CHECKING:
@@ -44,9 +44,7 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     types_sub = types.add_subparsers(dest="types_command", required=True, parser_class=Parser)
     types_sub.add_parser(
         "list", help="every job type a worker registered or that has a cap: lane, defaults, cap"
-    ).add_argument(
-        "--json", action="store_true"
-    )
+    ).add_argument("--json", action="store_true")
     types_set = types_sub.add_parser("set", help="cap a job type's running jobs fleet-wide")
     types_set.add_argument("name", metavar="TYPE")
     types_set.add_argument("--max-running", metavar="N|none", help="the cap (none: no cap)")
@@ -121,8 +119,8 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
     if command != "list" and not NAME_RE.match(name):
         raise ConfigurationError(f"tenant name {name!r} must match {NAME_RE.pattern}")
     weight = getattr(args, "weight", None)
-    if weight is not None and not 0 < weight <= 1000:
-        raise ConfigurationError(f"--weight must be in (0, 1000], not {weight:g}")
+    if weight is not None:
+        check_weight(weight)
     cap_text = getattr(args, "max_running", None)
     cap = parse_cap(cap_text) if cap_text is not None else None
     rate = parse_rate_options(getattr(args, "rate", None), getattr(args, "burst", None))

@@ -38,6 +38,14 @@ from coldbrew.store.cron import (
     CronStore,
     Watermark,
 )
+from coldbrew.store.dashboard import (
+    Attempt,
+    AuditEntry,
+    DashboardStore,
+    JobSummary,
+    SearchFilter,
+    Session,
+)
 from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.jobstore import JobStore
@@ -75,6 +83,8 @@ __all__ = [
     "KEYED_BATCH_PLANS",
     "TENANTS_CHANGED",
     "Admission",
+    "Attempt",
+    "AuditEntry",
     "CapClaim",
     "CapLocks",
     "CapRoom",
@@ -89,12 +99,14 @@ __all__ = [
     "CronListed",
     "CronRow",
     "CronStore",
+    "DashboardStore",
     "Database",
     "DeadLetterStore",
     "DuePublish",
     "FinishedStats",
     "JobRows",
     "JobStore",
+    "JobSummary",
     "JobTypeSettings",
     "LeaseStore",
     "LivenessStore",
@@ -107,6 +119,8 @@ __all__ = [
     "ReconcilePass",
     "ReconcileStore",
     "RegisteredType",
+    "SearchFilter",
+    "Session",
     "StatsStore",
     "TenantSettings",
     "TenantStore",

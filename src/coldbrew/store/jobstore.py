@@ -22,6 +22,7 @@ from coldbrew.store.base import Database, StoreBase, open_pool
 from coldbrew.store.caps import CapStore
 from coldbrew.store.claims import CLAIM_COMMITS, ClaimConfig, ClaimStore
 from coldbrew.store.cron import CronStore
+from coldbrew.store.dashboard import DashboardStore
 from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.leases import LeaseStore
@@ -67,6 +68,8 @@ class JobStore(StoreBase):
         """Cron schedules: declarations, watermarks, the firing transaction, pauses."""
         self.types = TypeRegistry(db)
         """The job types workers' apps registered: lanes for submitters without the app."""
+        self.dashboard = DashboardStore(db)
+        """The web dashboard's sessions, audit log, attempts, search and charts."""
 
     @classmethod
     @asynccontextmanager
