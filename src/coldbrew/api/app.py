@@ -70,6 +70,7 @@ class ApiState:
     rates: DrainRates = field(default_factory=DrainRates)  # the dashboard's, across its loads
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # see stop_waiting()
     csrf: CsrfSigner = field(default_factory=CsrfSigner)  # the dashboard's, this process's secret
+    charts: dict[str | None, tuple[float, str]] = field(default_factory=dict)  # per scope: drawn
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]

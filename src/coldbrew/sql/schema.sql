@@ -244,7 +244,7 @@ CREATE INDEX audit_log_job ON audit_log (job_id, at) WHERE job_id IS NOT NULL;
 CREATE INDEX audit_log_at ON audit_log (at);
 
 CREATE TABLE job_attempts (
-    job_id         text NOT NULL,
+    job_id         text NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
     attempt        integer NOT NULL,
     outcome        text NOT NULL,
     error_kind     text,

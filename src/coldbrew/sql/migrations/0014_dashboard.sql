@@ -11,6 +11,8 @@
 -- dead, released or reaped back to queued), written by a trigger whose WHEN clause
 -- lets every other update (claims, heartbeats, successes) pass without a call, so
 -- the hot path writes nothing more. The current attempt is the jobs row itself.
+-- Its rows go with their job (ON DELETE CASCADE: retention prunes them by the
+-- primary key's leading job_id, one index probe per pruned job).
 --
 -- jobs_search_*: keyset pagination of the job search, newest first; one index per
 -- access path the search uses (every job, one tenant's, one status's).
@@ -42,7 +44,7 @@ CREATE INDEX audit_log_job ON audit_log (job_id, at) WHERE job_id IS NOT NULL;
 CREATE INDEX audit_log_at ON audit_log (at);
 
 CREATE TABLE job_attempts (
-    job_id         text NOT NULL,
+    job_id         text NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
     attempt        integer NOT NULL,
     outcome        text NOT NULL,
     error_kind     text,
