@@ -352,6 +352,8 @@ def _same_origin(request: Request) -> None:
 async def _posted_form(request: Request, allowed: frozenset[str]) -> dict[str, str]:
     """A small urlencoded form (parsed here: no multipart dependency), its fields checked."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if not content_type and request.headers.get("content-length", "0") == "0":
+        return {}  # no body at all: an empty form (a sign-out button without fields)
     if content_type != "application/x-www-form-urlencoded":
         raise ApiError(415, "unsupported_media_type", "post the form as urlencoded")
     body = b""

@@ -24,7 +24,7 @@ from coldbrew.api.dashboard import FORM_BODY_LIMIT, FORM_MAX_FIELDS
 from coldbrew.api.response_schemas import DASHBOARD_SCHEMA, ERROR_SCHEMA, STATUS_SCHEMA
 from coldbrew.api.schemas import SubmitBody
 from coldbrew.client import MAX_REASON
-from coldbrew.model import JOB_ID_RE, MAX_IDEMPOTENCY_KEY
+from coldbrew.model import JOB_ID_RE, MAX_IDEMPOTENCY_KEY, Status
 
 DEFAULT_MAX_WAIT_SECONDS: Final = 60.0
 NO_NUL: Final = "^[^\\u0000]*$"
@@ -105,8 +105,25 @@ def _submit_schema() -> dict[str, Any]:
         description="the job's keyword arguments (JSON; strings without NUL, at most "
         "COLDBREW_MAX_BODY_BYTES as a message)",
         propertyNames={"pattern": NO_NUL},
+        additionalProperties=_ref("JsonValue"),
     )
     return schema
+
+
+# Any JSON value whose strings and keys hold no NUL (PostgreSQL cannot store one): what
+# a job's args may nest, so that a generated valid body is one the server takes.
+JSON_VALUE_SCHEMA: Final = {
+    "anyOf": [
+        {"type": "string", "pattern": NO_NUL},
+        {"type": ["number", "boolean", "null"]},
+        {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}},
+        {
+            "type": "object",
+            "propertyNames": {"pattern": NO_NUL},
+            "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
+        },
+    ]
+}
 
 
 _SSE_EVENT: Final = {
@@ -369,8 +386,31 @@ _SEARCH_FIELDS = ("job_id", "type", "tenant", "status", "from", "to", "error", "
 _ACTION_FIELDS = ("action", "job_id", "tenant", "reason", "weight", "max_running")
 
 
-def _query(*names: str) -> list[dict[str, Any]]:
-    return [{"name": n, "in": "query", "required": False, "schema": _STRING} for n in names]
+def _query(*names: str, schemas: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return [
+        {"name": n, "in": "query", "required": False, "schema": (schemas or {}).get(n, _STRING)}
+        for n in names
+    ]
+
+
+# What api/search.py accepts, exactly (schemathesis checks that valid input is taken):
+# a time as a form's datetime-local or ISO 8601 with an offset (days to 28: always real).
+_INSTANT = (
+    r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])T([01]\d|2[0-3]):[0-5]\d"
+    r"(:[0-5]\d(\.\d{6})?)?(Z|[+-](0\d|1[0-3]):[0-5]\d)?"
+)
+_TEXT = {"type": "string", "maxLength": 200, "pattern": NO_NUL}
+# A blank field (the form sends every input) is the same as an absent one.
+_SEARCH_SCHEMAS = {
+    "job_id": {"type": "string", "pattern": "^([\\x21-\\x7e]{1,128})?$"},
+    "type": _TEXT,
+    "error": _TEXT,
+    "tenant": {"type": "string", "pattern": "^([a-z0-9_-]{1,64})?$"},
+    "status": {"type": "string", "enum": ["", *(s.value for s in Status)]},
+    "from": {"type": "string", "pattern": f"^({_INSTANT})?$"},
+    "to": {"type": "string", "pattern": f"^({_INSTANT})?$"},
+    "after": {"type": "string", "pattern": f"^({_INSTANT}~[\\x21-\\x7e]{{1,128}})?$"},
+}
 
 
 def _form(properties: dict[str, Any], *, required: bool = True) -> dict[str, Any]:
@@ -412,7 +452,13 @@ def _acting_paths() -> dict[str, Any]:
         "content": _HTML_OR_ERROR,
     }
     confirm["get"]["responses"]["403"]["content"] = _HTML_OR_ERROR
-    search = _page("Job search, keyset paged", 403, 422, 503, parameters=_query(*_SEARCH_FIELDS))
+    search = _page(
+        "Job search, keyset paged",
+        403,
+        422,
+        503,
+        parameters=_query(*_SEARCH_FIELDS, schemas=_SEARCH_SCHEMAS),
+    )
     search["get"]["responses"]["303"]["description"] += " Or a job id given: its page."
     return {
         "/dashboard/jobs": search,
@@ -424,7 +470,7 @@ def _acting_paths() -> dict[str, Any]:
                 "responses": {
                     "200": {
                         "description": "Server-sent events, as GET /jobs/{job_id}/events.",
-                        "content": {"text/event-stream": {"schema": _STRING}},
+                        "content": {"text/event-stream": {"schema": _SSE_EVENT}},
                     },
                     **_errors(401, 404, 422, 503, waits=True),
                 },
@@ -569,6 +615,7 @@ def build_spec(*, max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS) -> dict[st
                 },
             },
             "schemas": {
+                "JsonValue": JSON_VALUE_SCHEMA,
                 "JobStatus": STATUS_SCHEMA,
                 "Submit": _submit_schema(),
                 "Error": ERROR_SCHEMA,

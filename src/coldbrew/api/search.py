@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from coldbrew.api.auth import Principal
 from coldbrew.api.errors import ApiError
-from coldbrew.model import NAME_RE, Status
+from coldbrew.model import NAME_RE, Status, check_job_id
 from coldbrew.store import JobSummary, SearchFilter
 
 PAGE_SIZE = 50
@@ -54,7 +54,8 @@ def _short(field: str, text: str) -> str:
 
 def parse_search(params: Mapping[str, str], principal: Principal) -> SearchRequest:
     """The search form's fields, checked; 422 ``invalid_search`` names the field at fault."""
-    given = {k: params[k].strip() for k in FIELDS if params.get(k, "").strip()}
+    # a blank field is an absent one; other text is taken as typed (" acme" is no tenant)
+    given = {k: params[k] for k in FIELDS if params.get(k, "").strip()}
     status = given.get("status")
     if status is not None and status not in {s.value for s in Status}:
         raise _invalid("status", f"{status!r} is not one of {', '.join(s.value for s in Status)}")
@@ -75,6 +76,8 @@ def parse_search(params: Mapping[str, str], principal: Principal) -> SearchReque
     )
     query = {k: v for k, v in given.items() if k != "after"}
     job_id = given.get("job_id")
+    if job_id is not None:
+        check_job_id(job_id)  # 422 invalid_job_id, as on every job route
     return SearchRequest(where, _cursor(given.get("after")), job_id, query)
 
 
