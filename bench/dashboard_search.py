@@ -75,9 +75,19 @@ def cases(rows: int) -> list[tuple[str, str, list[Any]]]:
         ("tenant + type", "search_jobs_tenant", ["tenant_3", None, "type_3", *base[3:]]),
         ("tenant + type, no match", "search_jobs_tenant", ["tenant_3", None, "type_2", *base[3:]]),
         (
-            "tenant + error text",
+            "tenant + error text, no match",
             "search_jobs_tenant",
             ["tenant_3", None, None, None, None, "said 42", None, "", 51],
+        ),
+        (
+            "tenant + error text, rare",
+            "search_jobs_tenant",
+            ["tenant_7", None, None, None, None, "said 42", None, "", 51],
+        ),
+        (
+            "status failed + error text",
+            "search_jobs_status",
+            [None, "failed", None, None, None, "said 4", None, "", 51],
         ),
         ("tenant + one day", "search_jobs_tenant", ["tenant_3", None, None, *day, *base[5:]]),
         ("chart: throughput, last hour", "chart_throughput", [now - timedelta(hours=1), None]),
