@@ -171,6 +171,8 @@ class Settings(BaseSettings):
     api_keepalive_seconds: Annotated[int, Field(ge=1, le=300)] = 5
     api_max_connections: Annotated[int, Field(ge=1, le=100_000)] = 1000
     api_max_waiters: Annotated[int, Field(ge=1, le=100_000)] = 500
+    # --- the dashboard (api/dashboard.py): how long a browser's sign-in lasts ---
+    dashboard_session_seconds: Annotated[float, Field(ge=60, le=30 * 86_400)] = 12 * 3600.0
     # --- webhooks (coldbrew/webhooks/, migration 0012): a delivery is a job ---
     # deprecated: the URL `coldbrew api` gives its POST /jobs submissions that name none
     # (prefer a submission's webhook_url or `coldbrew tenants set T --webhook-url URL`)

@@ -34,7 +34,14 @@ ALLOW = {
     "/dashboard.json": "GET, HEAD",
     "/dashboard/login": "GET, HEAD, POST",
     "/dashboard/logout": "POST",
+    "/dashboard/jobs": "GET, HEAD",
     "/dashboard/jobs/{job_id}": "GET, HEAD",
+    "/dashboard/jobs/{job_id}/events": "GET, HEAD",
+    "/dashboard/static/job.js": "GET, HEAD",
+    "/dashboard/tenants/{name}": "GET, HEAD",
+    "/dashboard/audit": "GET, HEAD",
+    "/dashboard/confirm": "GET, HEAD",
+    "/dashboard/act": "POST",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -229,19 +230,29 @@ async def test_login_sets_a_strict_http_only_cookie_that_opens_the_page(client: 
         right = await http.post("/dashboard/login", data={"key": GLOBEX_KEY})
         assert (right.status_code, right.headers["location"]) == (303, "/dashboard")
         value, attributes = cookie_attributes(right)
-        assert value == GLOBEX_KEY
+        assert GLOBEX_KEY not in right.headers["set-cookie"]  # a session token, not the key
+        assert len(value) >= 40
         assert {"httponly", "samesite=strict", "path=/dashboard"} <= attributes
         assert "secure" not in attributes
-        page = await http.get("/dashboard", headers={"Cookie": f"{DASHBOARD_COOKIE}={value}"})
+        assert any(a.startswith("max-age=") for a in attributes)
+        cookie = {"Cookie": f"{DASHBOARD_COOKIE}={value}"}
+        page = await http.get("/dashboard", headers=cookie)
         assert page.status_code == 200
         assert "tenant globex" in page.text
         assert "Sign out" in page.text
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+        assert csrf is not None
 
         stale = await http.get("/dashboard", headers={"Cookie": f"{DASHBOARD_COOKIE}=nope"})
         assert stale.status_code == 303
-        out = await http.post("/dashboard/logout")
+        forged = await http.post("/dashboard/logout", data={"csrf": "0" * 64}, headers=cookie)
+        assert forged.status_code == 403  # a forged logout does not end the session
+        assert (await http.get("/dashboard", headers=cookie)).status_code == 200
+        out = await http.post("/dashboard/logout", data={"csrf": csrf.group(1)}, headers=cookie)
         assert out.status_code == 303
         assert "max-age=0" in out.headers["set-cookie"].lower()
+        revoked = await http.get("/dashboard", headers=cookie)  # the old cookie, replayed
+        assert (revoked.status_code, revoked.headers["location"]) == (303, "/dashboard/login")
 
 
 async def test_cookie_is_secure_over_https_and_cross_site_posts_are_refused(

@@ -171,8 +171,8 @@ def test_login_form_documents_its_only_field_and_its_400() -> None:
 
 def test_schemathesis_config_turns_off_only_use_after_free_on_the_job_reads() -> None:
     """tests/e2e/schemathesis.toml keeps every check on everywhere but one: a cancelled
-    job stays readable (DELETE cancels), so use_after_free is off on the three reads of
-    a job, and on nothing else."""
+    job stays readable (DELETE cancels), so use_after_free is off on the four reads of
+    a job (the dashboard's event stream is the fourth), and on nothing else."""
     schemathesis = pytest.importorskip("schemathesis")
     from schemathesis.checks import CHECKS
     from schemathesis.config import SchemathesisConfig
@@ -189,7 +189,12 @@ def test_schemathesis_config_turns_off_only_use_after_free_on_the_job_reads() ->
             for name in CHECKS.get_all_names():
                 if not checks.get_by_name(name=name).enabled:
                     off.add((operation.label, name))
-    reads = ("GET /jobs/{job_id}", "GET /jobs/{job_id}/events", "GET /dashboard/jobs/{job_id}")
+    reads = (
+        "GET /jobs/{job_id}",
+        "GET /jobs/{job_id}/events",
+        "GET /dashboard/jobs/{job_id}",
+        "GET /dashboard/jobs/{job_id}/events",
+    )
     assert off == {(read, "use_after_free") for read in reads}
 
 

@@ -17,7 +17,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from coldbrew.api import dashboard, routes
-from coldbrew.api.auth import KeyRing
+from coldbrew.api.accesslog import AccessLog
+from coldbrew.api.auth import CsrfSigner, KeyRing
 from coldbrew.api.errors import (
     ApiError,
     on_api_error,
@@ -47,6 +48,7 @@ class ApiConfig:
     max_waiters: int = 500
     webhook_url: str | None = None
     """Deprecated ``COLDBREW_WEBHOOK_URL``: the webhook of a submission that names none."""
+    session_seconds: float = 12 * 3600.0  # COLDBREW_DASHBOARD_SESSION_SECONDS
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiConfig:
@@ -55,6 +57,7 @@ class ApiConfig:
             max_wait_seconds=settings.api_max_wait_seconds,
             max_waiters=settings.api_max_waiters,
             webhook_url=settings.webhook_url or None,
+            session_seconds=settings.dashboard_session_seconds,
         )
 
 
@@ -69,6 +72,8 @@ class ApiState:
     spec: dict[str, Any]  # /openapi.json, built once from the validators and this config
     rates: DrainRates = field(default_factory=DrainRates)  # the dashboard's, across its loads
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # see stop_waiting()
+    csrf: CsrfSigner = field(default_factory=CsrfSigner)  # the dashboard's, this process's secret
+    charts: dict[str | None, tuple[float, str]] = field(default_factory=dict)  # per scope: drawn
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -119,7 +124,18 @@ ROUTES = [
     PathRoute("/dashboard.json", "dashboard_json", get=dashboard.dashboard_json),
     PathRoute("/dashboard/login", "login", get=dashboard.login_form, post=dashboard.login),
     PathRoute("/dashboard/logout", "logout", post=dashboard.logout),
+    PathRoute("/dashboard/jobs", "dashboard_jobs", get=dashboard.jobs),
     PathRoute("/dashboard/jobs/{job_id}", "dashboard_job", get=dashboard.dashboard_job),
+    PathRoute(
+        "/dashboard/jobs/{job_id}/events",
+        "dashboard_job_events",
+        get=dashboard.dashboard_job_events,
+    ),
+    PathRoute("/dashboard/static/job.js", "dashboard_script", get=dashboard.job_script),
+    PathRoute("/dashboard/tenants/{name}", "dashboard_tenant", get=dashboard.tenant),
+    PathRoute("/dashboard/audit", "dashboard_audit", get=dashboard.audit),
+    PathRoute("/dashboard/confirm", "dashboard_confirm", get=dashboard.confirm),
+    PathRoute("/dashboard/act", "dashboard_act", post=dashboard.act),
 ]
 
 
@@ -139,7 +155,7 @@ def create_app(
     metrics = metrics or ApiMetrics(CollectorRegistry())
     app = Starlette(
         routes=list(ROUTES),
-        middleware=[Middleware(RequestMetrics, metrics=metrics)],
+        middleware=[Middleware(AccessLog), Middleware(RequestMetrics, metrics=metrics)],
         exception_handlers={
             ApiError: on_api_error,
             HTTPException: on_http_exception,

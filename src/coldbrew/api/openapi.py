@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from coldbrew.api.auth import DASHBOARD_COOKIE
-from coldbrew.api.dashboard import LOGIN_BODY_LIMIT, LOGIN_MAX_FIELDS
+from coldbrew.api.dashboard import FORM_BODY_LIMIT, FORM_MAX_FIELDS
 from coldbrew.api.response_schemas import (
     BATCH_SCHEMA,
     DASHBOARD_SCHEMA,
@@ -30,7 +30,7 @@ from coldbrew.api.response_schemas import (
 from coldbrew.api.schemas import SubmitBody
 from coldbrew.batches import BATCH_ID_RE
 from coldbrew.client import MAX_REASON
-from coldbrew.model import JOB_ID_RE, MAX_IDEMPOTENCY_KEY
+from coldbrew.model import JOB_ID_RE, MAX_IDEMPOTENCY_KEY, Status
 
 DEFAULT_MAX_WAIT_SECONDS: Final = 60.0
 NO_NUL: Final = "^[^\\u0000]*$"
@@ -118,8 +118,25 @@ def _submit_schema() -> dict[str, Any]:
         description="the job's keyword arguments (JSON; strings without NUL, at most "
         "COLDBREW_MAX_BODY_BYTES as a message)",
         propertyNames={"pattern": NO_NUL},
+        additionalProperties=_ref("JsonValue"),
     )
     return schema
+
+
+# Any JSON value whose strings and keys hold no NUL (PostgreSQL cannot store one): what
+# a job's args may nest, so that a generated valid body is one the server takes.
+JSON_VALUE_SCHEMA: Final = {
+    "anyOf": [
+        {"type": "string", "pattern": NO_NUL},
+        {"type": ["number", "boolean", "null"]},
+        {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}},
+        {
+            "type": "object",
+            "propertyNames": {"pattern": NO_NUL},
+            "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
+        },
+    ]
+}
 
 
 _SSE_EVENT: Final = {
@@ -359,23 +376,175 @@ def _dashboard_paths() -> dict[str, Any]:
         "/dashboard/login": {"get": _login_form_operation(), "post": _login_operation()},
         "/dashboard/logout": {
             "post": {
-                "summary": "Sign out: clears the dashboard cookie",
+                "summary": "Sign out: revokes the session and clears the dashboard cookie",
                 "security": [],
+                "requestBody": _form({"csrf": _STRING}, required=False),
                 "responses": {
                     "303": {"description": "Redirect to the login form."},
-                    "403": {"description": "Posted from another origin.", "content": _ERROR},
+                    **_FORM_ERRORS,
+                    "403": {
+                        "description": "Posted from another origin, or a wrong CSRF token.",
+                        "content": _ERROR,
+                    },
                 },
             }
         },
+        **_acting_paths(),
         "/dashboard/jobs/{job_id}": {
             "get": {
-                "summary": "One job's status JSON as a page (the dashboard's link target)",
+                "summary": "One job's page: status, progress, attempts, checkpoint, audit, "
+                "live through its event stream",
                 "security": _BROWSER,
                 "parameters": [_JOB_ID],
                 "responses": {
                     "200": {"description": "The page.", "content": _HTML},
                     **_TO_LOGIN,
                     **_errors(404, 422, 503),
+                },
+            }
+        },
+    }
+
+
+_STRING = {"type": "string"}
+_HTML_OR_ERROR = {**_HTML, **_ERROR}
+_FORM_ERRORS = {
+    "400": {"description": "A field the form does not have (`invalid_form`).", "content": _ERROR},
+    "413": {"description": "The form is over the limit.", "content": _ERROR},
+    "415": {"description": "Not a urlencoded form.", "content": _ERROR},
+}
+_SEARCH_FIELDS = ("job_id", "type", "tenant", "status", "from", "to", "error", "after")
+_ACTION_FIELDS = ("action", "job_id", "tenant", "reason", "weight", "max_running")
+
+
+def _query(*names: str, schemas: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return [
+        {"name": n, "in": "query", "required": False, "schema": (schemas or {}).get(n, _STRING)}
+        for n in names
+    ]
+
+
+# What api/search.py accepts, exactly (schemathesis checks that valid input is taken):
+# a time as a form's datetime-local or ISO 8601 with an offset (days to 28: always real).
+_INSTANT = (
+    r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])T([01]\d|2[0-3]):[0-5]\d"
+    r"(:[0-5]\d(\.\d{6})?)?(Z|[+-](0\d|1[0-3]):[0-5]\d)?"
+)
+_TEXT = {"type": "string", "maxLength": 200, "pattern": NO_NUL}
+# A blank field (the form sends every input) is the same as an absent one.
+_SEARCH_SCHEMAS = {
+    "job_id": {"type": "string", "pattern": "^([\\x21-\\x7e]{1,128})?$"},
+    "type": _TEXT,
+    "error": _TEXT,
+    "tenant": {"type": "string", "pattern": "^([a-z0-9_-]{1,64})?$"},
+    "status": {"type": "string", "enum": ["", *(s.value for s in Status)]},
+    "from": {"type": "string", "pattern": f"^({_INSTANT})?$"},
+    "to": {"type": "string", "pattern": f"^({_INSTANT})?$"},
+    "after": {"type": "string", "pattern": f"^({_INSTANT}~[\\x21-\\x7e]{{1,128}})?$"},
+}
+
+
+def _form(properties: dict[str, Any], *, required: bool = True) -> dict[str, Any]:
+    schema = {"type": "object", "properties": properties, "additionalProperties": False}
+    return {
+        "required": required,
+        "content": {"application/x-www-form-urlencoded": {"schema": schema}},
+    }
+
+
+def _page(summary: str, *codes: int, parameters: list[Any] | None = None) -> dict[str, Any]:
+    """A dashboard page: 200 HTML, 303 to the login form, and the given error codes."""
+    operation: dict[str, Any] = {
+        "summary": summary,
+        "security": _BROWSER,
+        "responses": {
+            "200": {"description": "The page.", "content": _HTML},
+            **_TO_LOGIN,
+            **_errors(*codes),
+        },
+    }
+    if parameters:
+        operation["parameters"] = parameters
+    return {"get": operation}
+
+
+def _acting_paths() -> dict[str, Any]:
+    """Search, events, the script, tenants, audit, and the two steps of an action."""
+    confirm = _page(
+        "Step one of an action: checks it and asks (changes nothing)",
+        403,
+        404,
+        503,
+        parameters=_query(*_ACTION_FIELDS),
+    )
+    confirm["get"]["responses"]["400"] = {"description": "Unknown action.", "content": _ERROR}
+    confirm["get"]["responses"]["422"] = {
+        "description": "Invalid input, with the CLI's message.",
+        "content": _HTML_OR_ERROR,
+    }
+    confirm["get"]["responses"]["403"]["content"] = _HTML_OR_ERROR
+    search = _page(
+        "Job search, keyset paged",
+        403,
+        422,
+        503,
+        parameters=_query(*_SEARCH_FIELDS, schemas=_SEARCH_SCHEMAS),
+    )
+    search["get"]["responses"]["303"]["description"] += " Or a job id given: its page."
+    return {
+        "/dashboard/jobs": search,
+        "/dashboard/jobs/{job_id}/events": {
+            "get": {
+                "summary": "The job page's event stream (the session cookie's)",
+                "security": _BROWSER,
+                "parameters": [_JOB_ID],
+                "responses": {
+                    "200": {
+                        "description": "Server-sent events, as GET /jobs/{job_id}/events.",
+                        "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+                    },
+                    **_errors(401, 404, 422, 503, waits=True),
+                },
+            }
+        },
+        "/dashboard/static/job.js": {
+            "get": {
+                "summary": "The job page's script (same origin, for the strict CSP)",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "JavaScript.",
+                        "content": {"text/javascript": {"schema": _STRING}},
+                    }
+                },
+            }
+        },
+        "/dashboard/tenants/{name}": _page(
+            "A tenant's settings and the form to change them",
+            404,
+            503,
+            parameters=[{"name": "name", "in": "path", "required": True, "schema": _STRING}],
+        ),
+        "/dashboard/audit": _page("The audit log of dashboard actions", 503),
+        "/dashboard/confirm": confirm,
+        "/dashboard/act": {
+            "post": {
+                "summary": "Step two of an action: carries it out (CSRF-checked) and audits it",
+                "security": [COOKIE],
+                "requestBody": _form({n: _STRING for n in ("csrf", *_ACTION_FIELDS)}),
+                "responses": {
+                    "303": {"description": "Done: redirect to the job, dead jobs or overview."},
+                    **_FORM_ERRORS,
+                    "403": {
+                        "description": "No session, another origin, or a forged or missing "
+                        "CSRF token (`csrf_failed`), or another tenant's.",
+                        "content": _ERROR,
+                    },
+                    **_errors(404),
+                    "422": {
+                        "description": "Invalid input, with the CLI's message.",
+                        "content": _HTML_OR_ERROR,
+                    },
                 },
             }
         },
@@ -408,16 +577,18 @@ def _login_operation() -> dict[str, Any]:
             "content": {"application/x-www-form-urlencoded": {"schema": form}},
         },
         "responses": {
-            "303": {"description": "Signed in (Set-Cookie); redirect to /dashboard."},
+            "303": {
+                "description": "Signed in (Set-Cookie: a session token); redirect to /dashboard."
+            },
             "400": {
-                "description": f"A field other than `key`, or more than {LOGIN_MAX_FIELDS} "
+                "description": f"A field other than `key`, or more than {FORM_MAX_FIELDS} "
                 "(`invalid_form`).",
                 "content": _ERROR,
             },
             "401": {"description": "Wrong or missing key: the form again.", "content": _HTML},
             "403": {"description": "Posted from another origin.", "content": _ERROR},
             "413": {
-                "description": f"The form is over {LOGIN_BODY_LIMIT} bytes.",
+                "description": f"The form is over {FORM_BODY_LIMIT} bytes.",
                 "content": _ERROR,
             },
             "415": {"description": "Not a urlencoded form.", "content": _ERROR},
@@ -480,6 +651,7 @@ def build_spec(*, max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS) -> dict[st
                 },
             },
             "schemas": {
+                "JsonValue": JSON_VALUE_SCHEMA,
                 "JobStatus": STATUS_SCHEMA,
                 "BatchStatus": BATCH_SCHEMA,
                 "Submit": _submit_schema(),

@@ -1,4 +1,8 @@
-"""The dashboard's HTML: plain server-rendered pages, no JavaScript, no external assets.
+"""The dashboard's HTML: plain server-rendered pages, no external assets, no inline script.
+
+The overview, the login form and the confirmation pages have no script at
+all; the job page loads one same-origin file (``/dashboard/static/job.js``)
+for its live updates, allowed by ``script-src 'self'`` on that page only.
 
 Job types, tenants, reasons and error messages come from producers, so every
 value passes through ``_e`` (``html.escape`` with quotes) before it reaches
@@ -8,11 +12,9 @@ the page; only the fixed markup in this module is written unescaped.
 from __future__ import annotations
 
 import html
-import json
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
 from urllib.parse import quote
 
 from coldbrew.api.overview import DeadJob, Lane, Overview
@@ -29,6 +31,11 @@ th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .muted{color:#777}.bad{color:#b00020;font-weight:600}.err{color:#b00020}
 header{display:flex;justify-content:space-between;align-items:baseline}
 form.inline{display:inline}code{font-size:.9em}
+nav a{margin-right:1rem}.notice{background:#e7f6e7;border:1px solid #9c9;padding:.4rem .6rem}
+.charts{display:flex;flex-wrap:wrap;gap:1rem}
+.chart{width:560px;background:#fff;border:1px solid #ddd}
+progress{width:20rem}form.search label{margin-right:.6rem}pre{background:#fff;border:1px solid #ddd;
+padding:.5rem;overflow:auto;max-height:20rem}
 """
 
 
@@ -37,14 +44,33 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _document(title: str, body: str, *, refresh: bool = False) -> str:
+def _document(title: str, body: str, *, refresh: bool = False, script: str | None = None) -> str:
     meta = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if refresh else ""
+    tag = f'<script src="{_e(script)}" defer></script>' if script else ""
     return (
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"{meta}<title>{_e(title)}</title><style>{_CSS}</style></head>"
+        f"{meta}<title>{_e(title)}</title><style>{_CSS}</style>{tag}</head>"
         f"<body>{body}</body></html>\n"
     )
+
+
+NAV = (
+    '<nav><a href="/dashboard">Overview</a><a href="/dashboard/jobs">Jobs</a>'
+    '<a href="/dashboard/jobs?status=dead">Dead jobs</a>'
+    '<a href="/dashboard/audit">Audit log</a></nav>'
+)
+
+
+def confirm_link(text: str, **params: str) -> str:
+    """A link to the confirmation page of an action (a GET: nothing changes until confirmed)."""
+    from urllib.parse import urlencode
+
+    return f'<a class="act" href="/dashboard/confirm?{_e(urlencode(params))}">{_e(text)}</a>'
+
+
+def notice(text: str | None) -> str:
+    return f'<p class="notice" id="notice">{_e(text)}</p>' if text else ""
 
 
 def _table(headers: Sequence[str], rows: Iterable[str], empty: str) -> str:
@@ -92,9 +118,15 @@ def _lane_row(lane: Lane) -> str:
 def _tenant_row(tenant: TenantSettings) -> str:
     cap = "no cap" if tenant.max_running is None else tenant.max_running
     state = '<span class="bad">paused</span>' if tenant.paused else "active"
+    verb = "resume" if tenant.paused else "pause"
+    actions = (
+        confirm_link(verb.capitalize(), action=verb, tenant=tenant.name)
+        + " · "
+        + f'<a href="/dashboard/tenants/{_e(quote(tenant.name, safe=""))}">Settings</a>'
+    )
     return (
         f"<tr><td>{_e(tenant.name)}</td>{_num(f'{tenant.weight:g}')}"
-        f'<td class="n">{_e(cap)}</td><td>{state}</td></tr>'
+        f'<td class="n">{_e(cap)}</td><td>{state}</td><th>{actions}</th></tr>'
     )
 
 
@@ -132,16 +164,20 @@ def _workers(overview: Overview) -> str:
     )
 
 
-def _logout(show: bool) -> str:
-    if not show:
+def _logout(csrf: str | None) -> str:
+    """The sign-out button of a session (its CSRF token in the form); none without one."""
+    if csrf is None:
         return ""
     return (
         '<form class="inline" method="post" action="/dashboard/logout">'
-        '<button type="submit">Sign out</button></form>'
+        f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
+        '<button type="submit" id="logout">Sign out</button></form>'
     )
 
 
-def dashboard_page(overview: Overview, *, signed_in: bool) -> str:
+def dashboard_page(
+    overview: Overview, *, logout_csrf: str | None, charts: str = "", message: str | None = None
+) -> str:
     """The whole dashboard for one load; it reloads itself every few seconds."""
     scope = "every tenant" if overview.tenant is None else f"tenant {overview.tenant}"
     rejected = (
@@ -152,7 +188,8 @@ def dashboard_page(overview: Overview, *, signed_in: bool) -> str:
         f"<header><div><h1>coldbrew</h1><span class=muted>{_e(scope)} · "
         f"{_e(_when(overview.generated_at))} · refreshes every {REFRESH_SECONDS} s · "
         '<a href="/dashboard.json">JSON</a></span></div>'
-        f"{_logout(signed_in)}</header>"
+        f"{_logout(logout_csrf)}</header>{NAV}{notice(message)}"
+        f"<h2>Last hour</h2><div class=charts>{charts}</div>"
         "<h2>Lanes</h2>"
         + _table(
             (
@@ -172,7 +209,7 @@ def dashboard_page(overview: Overview, *, signed_in: bool) -> str:
         )
         + "<h2>Tenants</h2>"
         + _table(
-            ("tenant", "weight", "max running", "state"),
+            ("tenant", "weight", "max running", "state", "act"),
             (_tenant_row(t) for t in overview.tenants),
             "No tenants yet: one is recorded when its first job arrives.",
         )
@@ -202,15 +239,3 @@ def login_page(message: str | None = None) -> str:
         'required autofocus></label> <button type="submit">Sign in</button></form>'
     )
     return _document("coldbrew: sign in", body)
-
-
-def job_page(status: dict[str, Any]) -> str:
-    """One job's status JSON, readable in a browser (the API's ``GET /jobs/{id}`` answer)."""
-    pretty = json.dumps(status, indent=2, sort_keys=False, default=str)
-    body = (
-        '<p><a href="/dashboard">&larr; dashboard</a></p>'
-        f"<h1>Job <code>{_e(status['id'])}</code></h1>"
-        f"<p class=muted>The same JSON as <code>GET /jobs/{_e(status['id'])}</code>.</p>"
-        f"<pre>{_e(pretty)}</pre>"
-    )
-    return _document(f"coldbrew job {status['id']}", body)

@@ -170,8 +170,13 @@ def _wait_seconds(request: Request, limit: float) -> float:
 
 async def job_events(request: Request) -> Response:
     """Server-sent events: one ``status`` event per change, until the job is terminal."""
+    principal = _state(request).keys.authenticate(request)
+    return await event_stream(request, principal)
+
+
+async def event_stream(request: Request, principal: Principal) -> Response:
+    """The event stream of the path's job for ``principal`` (the dashboard's too)."""
     state = _state(request)
-    principal = state.keys.authenticate(request)
     await _owned_job(request, principal)  # 404 before the stream starts, not inside it
     slot = state.waiters.take("event_stream")  # 503 (before the stream starts) if all taken
     last = request.headers.get("last-event-id")

@@ -51,21 +51,6 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str))
 
 
-def parse_cap(text: str) -> int | None:
-    """``--max-running``: a whole number 0..1,000,000, or ``none`` for no cap."""
-    if text.strip().lower() in ("none", "unlimited"):
-        return None
-    try:
-        cap = int(text)
-    except ValueError:
-        raise ConfigurationError(
-            f"--max-running must be a whole number or 'none', not {text!r}"
-        ) from None
-    if not 0 <= cap <= 1_000_000:
-        raise ConfigurationError(f"--max-running must be in 0..1000000, not {cap}")
-    return cap
-
-
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 MAX_DURATION_SECONDS = 3650 * 86400.0

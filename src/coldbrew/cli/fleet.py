@@ -11,11 +11,11 @@ from coldbrew.cli.common import (
     Handler,
     Parser,
     Subparsers,
-    parse_cap,
     print_empty,
     print_json,
 )
 from coldbrew.errors import ConfigurationError
+from coldbrew.operations import check_weight, parse_cap
 from coldbrew.settings import Settings, mask_url
 
 if TYPE_CHECKING:
@@ -139,8 +139,8 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
     if command != "list" and not NAME_RE.match(name):
         raise ConfigurationError(f"tenant name {name!r} must match {NAME_RE.pattern}")
     weight = getattr(args, "weight", None)
-    if weight is not None and not 0 < weight <= 1000:
-        raise ConfigurationError(f"--weight must be in (0, 1000], not {weight:g}")
+    if weight is not None:
+        check_weight(weight)
     cap_text = getattr(args, "max_running", None)
     cap = parse_cap(cap_text) if cap_text is not None else None
     rate = parse_rate_options(getattr(args, "rate", None), getattr(args, "burst", None))

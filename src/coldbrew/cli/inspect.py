@@ -228,11 +228,11 @@ def _none_found(what: str, contains: str | None) -> str:
 
 
 async def _dlq_replay(args: argparse.Namespace, settings: Settings, store: Any) -> int:
-    budget = args.attempts or settings.max_attempts
-    if not 1 <= budget <= 1000:
-        raise ConfigurationError("--attempts must be 1..1000")
-    if args.job_id is None and args.reason_contains is None:
-        raise ConfigurationError("say which dead jobs to replay: --job-id or --reason-contains")
+    from coldbrew.operations import check_budget, check_reason_text
+
+    budget = check_budget(args.attempts or settings.max_attempts)
+    if args.job_id is None or args.reason_contains is not None:
+        check_reason_text(args.reason_contains)  # the dashboard's replay form says the same
     replayed = await store.dead.dlq_replay(args.reason_contains, args.job_id, args.limit, budget)
     if args.job_id and not replayed:
         print(f"coldbrew: job {args.job_id} is not dead; nothing to replay", file=sys.stderr)

@@ -40,6 +40,14 @@ from coldbrew.store.cron import (
     CronStore,
     Watermark,
 )
+from coldbrew.store.dashboard import (
+    Attempt,
+    AuditEntry,
+    DashboardStore,
+    JobSummary,
+    SearchFilter,
+    Session,
+)
 from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.jobstore import JobStore
@@ -77,6 +85,8 @@ __all__ = [
     "KEYED_BATCH_PLANS",
     "TENANTS_CHANGED",
     "Admission",
+    "Attempt",
+    "AuditEntry",
     "BatchRows",
     "CapClaim",
     "CapLocks",
@@ -92,12 +102,14 @@ __all__ = [
     "CronListed",
     "CronRow",
     "CronStore",
+    "DashboardStore",
     "Database",
     "DeadLetterStore",
     "DuePublish",
     "FinishedStats",
     "JobRows",
     "JobStore",
+    "JobSummary",
     "JobTypeSettings",
     "LeaseStore",
     "LivenessStore",
@@ -110,6 +122,8 @@ __all__ = [
     "ReconcilePass",
     "ReconcileStore",
     "RegisteredType",
+    "SearchFilter",
+    "Session",
     "StatsStore",
     "TenantSettings",
     "TenantStore",

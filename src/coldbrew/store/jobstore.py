@@ -24,6 +24,7 @@ from coldbrew.store.capacity import CapacityStore
 from coldbrew.store.caps import CapStore
 from coldbrew.store.claims import CLAIM_COMMITS, ClaimConfig, ClaimStore
 from coldbrew.store.cron import CronStore
+from coldbrew.store.dashboard import DashboardStore
 from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.leases import LeaseStore
@@ -76,6 +77,8 @@ class JobStore(StoreBase):
         """Batches: creation with their members, counts, cancels, members added by members."""
         self.webhooks = WebhookRows(db)
         """A raw delivery's webhook URL, recorded before its claim (migration 0012)."""
+        self.dashboard = DashboardStore(db)
+        """The web dashboard's sessions, audit log, attempts, search and charts."""
 
     @classmethod
     @asynccontextmanager
