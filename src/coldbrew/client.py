@@ -15,11 +15,13 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import structlog
 
 from coldbrew import storable
 from coldbrew.app import App
 from coldbrew.errors import BrokerUnavailable, InvalidRequest, JobNotFound
+from coldbrew.flow import Chain, Step, chain_step_id, child_job_id
 from coldbrew.metrics import Metrics
 from coldbrew.model import (
     JobFields,
@@ -32,7 +34,7 @@ from coldbrew.model import (
     new_job_id,
 )
 from coldbrew.settings import Settings, load_settings
-from coldbrew.store import ClaimRequest, JobStore, RegisteredType, UniqueKey
+from coldbrew.store import ChainRecord, ClaimRequest, JobStore, RegisteredType, UniqueKey
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker
 from coldbrew.unique import UniqueError, UniqueOpts, merged
@@ -48,6 +50,24 @@ UNREGISTERED_TTL = 1.0
 """Seconds it trusts that a type is not registered (a worker may be starting)."""
 REGISTERED_CACHE_SIZE = 1024
 """Most type names cached (an API's submitters may send any name)."""
+
+CHILD_OPTIONS = frozenset({"tenant", "queue", "priority", "max_attempts", "timeout"})
+"""What ``ctx.submit`` takes besides type, args and name."""
+
+
+def step_record(request: ClaimRequest, result_arg: str | None) -> dict[str, Any]:
+    """One resolved step as the chain's record keeps it (what the trigger inserts)."""
+    return {
+        "id": request.id,
+        "type": request.type,
+        "queue": request.queue,
+        "tenant": request.tenant,
+        "args": request.args,
+        "priority": request.priority,
+        "max_attempts": request.max_attempts,
+        "timeout": request.timeout,
+        "result_arg": result_arg,
+    }
 
 
 class Client:
@@ -115,8 +135,14 @@ class Client:
         unique_keys: tuple[str, ...] | str | None = None,
         run_at: datetime | None = None,
         delay: float | timedelta | None = None,
+        connection: asyncpg.Connection | None = None,
     ) -> JobRecord:
         """Submit a job and return its record; the same idempotency key returns the same job.
+
+        ``connection``: an asyncpg connection inside a transaction the caller owns. The
+        job's row is written there and commits or rolls back with the caller's rows;
+        nothing is published now: the relays publish it once it commits (woken by a
+        NOTIFY that PostgreSQL delivers at commit). README "Enqueue in your transaction".
 
         ``run_at`` (a timezone-aware datetime) or ``delay`` (seconds, or a
         ``timedelta``, from when PostgreSQL records the job) schedules it: the
@@ -147,6 +173,19 @@ class Client:
             raise InvalidRequest(
                 "invalid_unique", "a unique job cannot be scheduled (run_at, delay) yet"
             )
+        if opts is not None and connection is not None:
+            raise InvalidRequest(
+                "invalid_unique",
+                "a unique job cannot be submitted in your transaction (connection=) yet: "
+                "its key is taken in a statement of its own; submit it without connection=",
+            )
+        if connection is not None and not isinstance(connection, asyncpg.Connection):
+            raise InvalidRequest(
+                "invalid_request",
+                "connection= takes an asyncpg connection (with SQLAlchemy: the raw one, "
+                "(await conn.get_raw_connection()).driver_connection), "
+                f"not a {connection.__class__.__name__}",
+            )
         registered = None if self.app is not None else await self.registered_type(type)
         request = self._request(
             type,
@@ -163,6 +202,8 @@ class Client:
         if opts is not None:
             return await self._submit_unique(request, opts)
         request.run_at, request.delay = scheduled_at, scheduled_delay
+        if connection is not None:
+            return await self.store.flow.insert_in_transaction(connection, request)
         record, mark = await self.store.jobs.insert_job(
             request, relay_grace=self.settings.relay_grace_seconds
         )
@@ -220,9 +261,15 @@ class Client:
         max_attempts: int | None,
         timeout: float | None,
         registered: RegisteredType | None = None,
+        *,
+        known: bool = True,
+        validate: bool = True,
     ) -> ClaimRequest:
-        spec = self.app.get(type) if self.app is not None else None
-        if spec is not None:
+        # known=False: a type this app lacks is another app's (a child's): not an error
+        spec = None
+        if self.app is not None:
+            spec = self.app.get(type) if known else self.app.jobs.get(type)
+        if spec is not None and validate:
             args = spec.validate_args(args)
         declared = spec or registered  # the app's own word, else the fleet's
         lane = queue or (declared.queue if declared else "default")
@@ -260,6 +307,95 @@ class Client:
             log.warning("publish_deferred_to_relay", job_id=request.id, error=str(exc))
             return
         await self.store.outbox.mark_published([(request.id, mark)])
+
+    async def child_request(
+        self, parent_id: str, type: str, args: Mapping[str, Any], options: Mapping[str, Any]
+    ) -> ClaimRequest:
+        """The checked child job ``ctx.submit`` collects (``context.Spawn``): its id derived
+        from the parent's and ``options["name"]``; a type not in this app is routed by
+        its registration, like a submission without the app."""
+        opts = dict(options)
+        name = opts.pop("name")
+        unknown = sorted(set(opts) - CHILD_OPTIONS)
+        if unknown:
+            raise TypeError(f"ctx.submit got unknown options {unknown}; it takes {CHILD_OPTIONS}")
+        in_app = self.app is not None and type in self.app.jobs
+        registered = None if in_app else await self.registered_type(type)
+        return self._request(
+            type,
+            dict(args),
+            opts.get("tenant", "default"),
+            opts.get("queue"),
+            opts.get("priority", 0),
+            None,
+            child_job_id(parent_id, name),
+            opts.get("max_attempts"),
+            opts.get("timeout"),
+            registered,
+            known=False,
+        )
+
+    async def submit_chain(self, chain: Chain) -> ChainRecord:
+        """Submit a chain (``coldbrew.flow.chain``); return its record.
+
+        Every step is resolved and checked now, as a submission would be (a step
+        after the first is checked with its ``result_arg`` present); the record and
+        the first step's job commit together, and each later step's job is inserted
+        by PostgreSQL when the one before it succeeds. The same ``chain_id`` twice
+        returns the existing chain.
+        """
+        chain_id = chain.chain_id or new_job_id()
+        check_job_id(chain_id)
+        requests, steps = [], []
+        for index, step in enumerate(chain.steps):
+            passes = index > 0 and step.result_arg is not None
+            registered = None if self.app is not None else await self.registered_type(step.type)
+            self._check_result_arg(step, passes)
+            request = self._request(
+                step.type,
+                dict(step.args),
+                chain.tenant,
+                step.queue,
+                step.priority,
+                None,
+                chain_step_id(chain_id, index),
+                step.max_attempts,
+                step.timeout,
+                registered,
+                validate=not passes,
+            )
+            requests.append(request)
+            steps.append(step_record(request, step.result_arg if passes else None))
+        mark = await self.store.flow.insert_chain(
+            chain_id,
+            chain.tenant,
+            steps,
+            requests[0],
+            relay_grace=self.settings.relay_grace_seconds,
+        )
+        if mark is not None:
+            await self._publish(requests[0], mark)
+        return await self.store.flow.get_chain(chain_id)
+
+    def _check_result_arg(self, step: Step, passes: bool) -> None:
+        """A step that receives the previous result must take it as a parameter (its
+        other args are checked against the signature when it runs, result included)."""
+        spec = self.app.jobs.get(step.type) if self.app is not None else None
+        if not passes or spec is None or spec.args_model is None:
+            return
+        if step.result_arg not in spec.arg_names:
+            raise InvalidRequest(
+                "invalid_arguments",
+                f"chain step {step.type!r} receives the previous result as "
+                f"{step.result_arg!r}, which is not one of its parameters "
+                f"({', '.join(spec.arg_names) or 'none'}); add it, or pass result_arg=None",
+            )
+
+    async def chain_status(self, chain_id: str) -> ChainRecord:
+        """A chain's record: status, current step, the jobs of the steps it reached, and
+        why it stopped (a step that failed, died or was cancelled)."""
+        check_job_id(chain_id)
+        return await self.store.flow.get_chain(chain_id)
 
     async def registered_type(self, type: str) -> RegisteredType | None:
         """How the fleet's workers registered ``type`` (its lane and defaults), or None

@@ -9,7 +9,7 @@ object serves process-pool jobs: the pool relays the child's calls to it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -23,9 +23,17 @@ if TYPE_CHECKING:
     import asyncpg
 
     from coldbrew.breaker import Breakers, CircuitBreaker
+    from coldbrew.model import JobFields
     from coldbrew.store import JobStore
 
 _log = structlog.get_logger("coldbrew.job")
+
+Spawn = Callable[[str, str, "Mapping[str, Any]", "Mapping[str, Any]"], Awaitable["JobFields"]]
+"""Builds a checked child job: ``(parent id, type, args, options) -> JobFields`` (the
+runner's, through ``Client.child_request``)."""
+
+MAX_CHILDREN = 1000
+"""Most child jobs one attempt may spawn (they are written with its outcome)."""
 
 MAX_PROGRESS_MESSAGE = 500
 """Longest progress message, in characters; a longer one is cut."""
@@ -38,9 +46,11 @@ class Context:
         "_breakers",
         "_log",
         "_on_progress",
+        "_spawn",
         "_store",
         "attempt",
         "checkpoint_state",
+        "children",
         "job_id",
         "max_attempts",
         "queue",
@@ -63,6 +73,7 @@ class Context:
         on_progress: Callable[[float | None, str | None], None],
         breakers: Breakers | None = None,
         snoozes: int = 0,
+        spawn: Spawn | None = None,
     ) -> None:
         self.job_id = job_id
         self.type = type
@@ -77,6 +88,9 @@ class Context:
         self._on_progress = on_progress
         self._breakers = breakers
         self._log: Any = None
+        self._spawn = spawn
+        self.children: dict[str, JobFields] = {}
+        """The child jobs this attempt spawned so far, by id (``submit``)."""
 
     @property
     def log(self) -> Any:
@@ -133,6 +147,34 @@ class Context:
         """
         storable.check_text(name, "once name")
         return self._store.jobs.once_transaction(self.job_id, name, self.attempt)
+
+    async def submit(
+        self,
+        type: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        name: str,
+        **options: Any,
+    ) -> str:
+        """Spawn a child job; return its id. Nothing is written yet.
+
+        The child is checked now (type, args, options: ``queue``, ``priority``,
+        ``tenant`` (this job's by default), ``max_attempts``, ``timeout``) and
+        inserted with this attempt's outcome, in its transaction, only if the
+        attempt succeeds; the relay publishes it after the commit. Its id is
+        derived from this job's id and ``name``, so an attempt that retries and
+        spawns again gets the same ids and each child exists once. Submitting the
+        same ``name`` twice in one attempt replaces the first.
+        """
+        if self._spawn is None:
+            raise RuntimeError("ctx.submit needs a worker's Context (testing.run_inline has one)")
+        storable.check_text(name, "child name")
+        options = {"tenant": self.tenant, **options, "name": name}
+        child = await self._spawn(self.job_id, type, dict(args or {}), options)
+        if child.id not in self.children and len(self.children) >= MAX_CHILDREN:
+            raise ValueError(f"a job spawns at most {MAX_CHILDREN} children per attempt")
+        self.children[child.id] = child
+        return child.id
 
     def breaker(self, name: str) -> CircuitBreaker:
         """The worker's breaker for a named dependency: ``async with ctx.breaker("s3"):``."""

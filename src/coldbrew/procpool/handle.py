@@ -194,6 +194,10 @@ class ChildHandle:
             if method == "checkpoint":
                 await job.host.checkpoint(argument)
                 reply = ("reply", True, None)
+            elif method == "submit":
+                type_, args, name, options = argument
+                child_id = await job.host.submit(type_, args, name=name, **options)
+                reply = ("reply", True, child_id)
             else:
                 reply = ("reply", True, bool(await job.host.once(argument)))
         except Exception as exc:  # noqa: BLE001 - handed to the job, which decides

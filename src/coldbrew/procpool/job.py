@@ -8,6 +8,7 @@ settles its future from the child's frames and answers its RPCs through
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,6 +23,10 @@ class ContextHost(Protocol):
     async def checkpoint(self, state: Any) -> None: ...
 
     async def once(self, name: str) -> bool: ...
+
+    async def submit(
+        self, type: str, args: Mapping[str, Any] | None = None, *, name: str, **options: Any
+    ) -> str: ...
 
 
 @dataclass(eq=False)

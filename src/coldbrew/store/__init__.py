@@ -39,6 +39,7 @@ from coldbrew.store.cron import (
     Watermark,
 )
 from coldbrew.store.dead import DeadLetterStore
+from coldbrew.store.flow import ChainRecord, FlowStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.jobstore import JobStore
 from coldbrew.store.leases import LeaseStore
@@ -79,6 +80,7 @@ __all__ = [
     "CapLocks",
     "CapRoom",
     "CapStore",
+    "ChainRecord",
     "ClaimConfig",
     "ClaimRequest",
     "ClaimResult",
@@ -93,6 +95,7 @@ __all__ = [
     "DeadLetterStore",
     "DuePublish",
     "FinishedStats",
+    "FlowStore",
     "JobRows",
     "JobStore",
     "JobTypeSettings",

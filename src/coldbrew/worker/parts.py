@@ -194,6 +194,7 @@ def _runner(
         lifecycle=shared.lifecycle,
         dead_letters=dead_letters,
         breakers=breakers,
+        app=shared.app,
     )
 
 
