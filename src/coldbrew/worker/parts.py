@@ -244,6 +244,7 @@ async def _build(
     )
     await stack.enter_async_context(server)
     relay, reaper, liveness = await _open_liveness(stack, shared, store, broker)
+    tenants.also_listen(shared.topology.relay_channel, relay.wake)  # commits that made rows due
     return Parts(
         store,
         broker,

@@ -17,9 +17,11 @@ for a moment starts within milliseconds of it rather than within an interval.
 
 Rows made due by a transaction the worker did not run -- a submission in
 the caller's transaction, child jobs, a chain's next step -- come with a
-NOTIFY on ``<ns>.relay``, delivered at commit; ``RelayWake`` (relay_wake.py)
-listens and ends the relay's sleep, so they are published within a pass,
-not an interval.
+NOTIFY on ``<ns>.relay``, delivered at commit; the tenant watch's LISTEN
+connection hears it (``TenantQueues.also_listen``: no connection of its own)
+and ``wake`` ends the relay's sleep, so they are published within a pass,
+not an interval. A NOTIFY lost while that connection was down costs at most
+one interval.
 """
 
 from __future__ import annotations
@@ -62,7 +64,11 @@ class Relay:
         self.retry_after = retry_after
         self._wake_at: float | None = None  # loop time of the earliest mark ahead
         self.woken = asyncio.Event()
-        """Set by ``RelayWake`` when a NOTIFY says a committed transaction made rows due."""
+        """Set (``wake``) when a NOTIFY says a committed transaction made rows due."""
+
+    def wake(self, _payload: str = "") -> None:
+        """End the sleep between passes: rows are due now (a ``<ns>.relay`` NOTIFY)."""
+        self.woken.set()
 
     async def publish_due(self) -> int:
         """Publish one batch of due rows; return how many were due."""

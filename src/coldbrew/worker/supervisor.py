@@ -35,7 +35,6 @@ from coldbrew.worker.heartbeat import Heartbeat
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.parts import Parts, Shared, open_parts
 from coldbrew.worker.reconcile import Reconciler
-from coldbrew.worker.relay_wake import RelayWake
 from coldbrew.worker.service import Periodic, Service
 
 log = structlog.get_logger("coldbrew.worker")
@@ -187,7 +186,6 @@ class Worker:
         return [
             *cron,
             parts.relay,
-            RelayWake(store, parts.relay, self.topology),
             parts.reaper,
             parts.liveness,
             sweeper,
