@@ -33,14 +33,20 @@ async def leaf(ctx: Context, n: int) -> dict[str, int]:
 
 @app.job(max_attempts=5)
 async def spawner(
-    ctx: Context, count: int, fail_first: bool = False, permanent: bool = False, hold: float = 0
+    ctx: Context,
+    count: int,
+    fail_first: bool = False,
+    permanent: bool = False,
+    hold: float = 0,
+    hold_first: float = 0,
 ) -> int:
     """Spawns ``count`` leaf children; may fail its first attempt after spawning them
-    (or fail for good), or hold a while after spawning (for kill and fence tests)."""
+    (or fail for good), or hold a while after spawning (every attempt, or the first:
+    for kill and fence tests)."""
     for n in range(count):
         await ctx.submit("leaf", {"n": n}, name=f"leaf-{n}")
-    if hold:
-        await asyncio.sleep(hold)
+    if hold or (hold_first and ctx.attempt == 1):
+        await asyncio.sleep(hold or hold_first)
     if permanent:
         raise Permanent("this parent fails for good")
     if fail_first and ctx.attempt == 1:
