@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from coldbrew.breaker import Breakers, CircuitBreaker
     from coldbrew.model import JobFields
-    from coldbrew.store import JobStore
+    from coldbrew.store import JobRows, JobStore
 
 _log = structlog.get_logger("coldbrew.job")
 
@@ -69,7 +69,7 @@ class Context:
         attempt: int,
         max_attempts: int,
         checkpoint_state: Any,
-        store: JobStore,
+        store: JobStore | None,
         on_progress: Callable[[float | None, str | None], None],
         breakers: Breakers | None = None,
         snoozes: int = 0,
@@ -122,7 +122,7 @@ class Context:
             encoded = RawJSON(storable.dump_json(state, "checkpoint"))
         except UnstorableValue as exc:
             raise UnstorableCheckpoint(exc.field, exc.problem) from None
-        await self._store.jobs.save_checkpoint(self.job_id, self.attempt, encoded)
+        await self._jobs().save_checkpoint(self.job_id, self.attempt, encoded)
         self.checkpoint_state = state
 
     async def once(self, name: str) -> bool:
@@ -133,7 +133,7 @@ class Context:
         once, never twice).
         """
         storable.check_text(name, "once name")  # UnstorableValue (a ValueError) for a NUL
-        return await self._store.jobs.claim_once(self.job_id, name, self.attempt)
+        return await self._jobs().claim_once(self.job_id, name, self.attempt)
 
     def once_in_transaction(
         self, name: str
@@ -146,7 +146,15 @@ class Context:
         commits together with the guard, or not at all.
         """
         storable.check_text(name, "once name")
-        return self._store.jobs.once_transaction(self.job_id, name, self.attempt)
+        return self._jobs().once_transaction(self.job_id, name, self.attempt)
+
+    def _jobs(self) -> JobRows:
+        if self._store is None:
+            raise RuntimeError(
+                "this Context has no job store (coldbrew.testing.run_inline without store=): "
+                "checkpoints and once-guards need one; use Harness.run_inline"
+            )
+        return self._store.jobs
 
     async def submit(
         self,

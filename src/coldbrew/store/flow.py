@@ -16,7 +16,7 @@ commit: the relays wake then and publish it (``worker/relay.py``).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -144,3 +144,27 @@ class FlowStore(StoreBase):
     async def children_of(self, parent_id: str) -> Sequence[JobRecord]:
         """Every child of ``parent_id`` (tests and tools; the status JSON counts them)."""
         return [JobRecord.from_row(r) for r in await self._fetch("children_of", parent_id)]
+
+    async def find_jobs(
+        self,
+        *,
+        type: str | None = None,
+        args: Mapping[str, Any] | None = None,
+        tenant: str | None = None,
+        queue: str | None = None,
+        statuses: Sequence[str] | None = None,
+    ) -> list[JobRecord]:
+        """Jobs matching every filter given (``args``: the job's args contain these)."""
+        rows = await self._fetch(
+            "find_jobs",
+            type,
+            None if args is None else dict(args),
+            tenant,
+            queue,
+            None if statuses is None else list(statuses),
+        )
+        return [JobRecord.from_row(row) for row in rows]
+
+    async def count_unsettled(self, horizon: float) -> int:
+        """Jobs queued or running, or retrying/scheduled and due within ``horizon`` s."""
+        return int(await self._fetchval("count_unsettled", horizon))

@@ -83,3 +83,20 @@ FROM chains AS c WHERE c.id = $1;
 -- name: children_of
 -- The child jobs of one job, oldest first ($1 parent id)
 SELECT * FROM jobs WHERE parent_id = $1 ORDER BY created_at, id;
+
+-- name: find_jobs
+-- Jobs for coldbrew.testing's assertions: of a type (null: any), whose args contain the given ones (null: any), of a tenant and queue (null: any), in one of the statuses (null: any), oldest first ($1 type, $2 args subset, $3 tenant, $4 queue, $5 statuses)
+SELECT * FROM jobs
+WHERE ($1::text IS NULL OR type = $1)
+  AND ($2::jsonb IS NULL OR args @> $2::jsonb)
+  AND ($3::text IS NULL OR tenant = $3)
+  AND ($4::text IS NULL OR queue = $4)
+  AND ($5::text[] IS NULL OR status::text = ANY($5::text[]))
+ORDER BY created_at, id
+LIMIT 1000;
+
+-- name: count_unsettled
+-- coldbrew.testing's drain: jobs still to run -- queued or running, or retrying or scheduled and due within the horizon ($1 horizon seconds)
+SELECT count(*) FROM jobs
+WHERE status IN ('queued', 'running')
+   OR (status IN ('retrying', 'scheduled') AND run_at <= now() + make_interval(secs => $1));
