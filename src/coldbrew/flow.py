@@ -34,12 +34,13 @@ DEFAULT_RESULT_ARG = "previous"
 
 def child_job_id(parent_id: str, name: str) -> str:
     """The id of the child ``name`` of job ``parent_id``: the same for every attempt."""
-    return str(uuid.uuid5(FLOW_NAMESPACE, f"child\x00{parent_id}\x00{name}"))
+    # the parent's length first: no (parent, name) pair can spell another's
+    return str(uuid.uuid5(FLOW_NAMESPACE, f"child:{len(parent_id)}:{parent_id}:{name}"))
 
 
 def chain_step_id(chain_id: str, index: int) -> str:
     """The job id of step ``index`` (0-based) of chain ``chain_id``."""
-    return str(uuid.uuid5(FLOW_NAMESPACE, f"chain\x00{chain_id}\x00{index}"))
+    return str(uuid.uuid5(FLOW_NAMESPACE, f"chain:{len(chain_id)}:{chain_id}:{index}"))
 
 
 @dataclass(frozen=True, slots=True)
