@@ -1,4 +1,4 @@
-"""Jobs for bench/flow.py: a start stamp, and parents with and without children."""
+"""The job of bench/flow.py: a start stamp."""
 
 from __future__ import annotations
 
@@ -13,14 +13,3 @@ app = App()
 async def stamp(ctx: Context) -> float:
     """Returns when it started (wall clock): submit-to-start latency."""
     return time.time()
-
-
-@app.job()
-async def parent(ctx: Context, children: int) -> None:
-    for n in range(children):
-        await ctx.submit("leaf", {}, name=f"c{n}")
-
-
-@app.job()
-async def leaf(ctx: Context) -> None:
-    """A child that does nothing."""
