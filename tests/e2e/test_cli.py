@@ -40,6 +40,10 @@ STATUS_KEYS = {
     "run_at",
     "cancel_requested",
     "snoozes",
+    "parent_id",  # flow (issue #16)
+    "chain_id",
+    "chain_step",
+    "children",
 }
 
 
