@@ -70,6 +70,23 @@ def step_record(request: ClaimRequest, result_arg: str | None) -> dict[str, Any]
     }
 
 
+def _check_transactional(connection: Any, *, unique: bool) -> None:
+    """``submit(connection=)`` takes an asyncpg connection, and no unique options."""
+    if unique:
+        raise InvalidRequest(
+            "invalid_unique",
+            "a unique job cannot be submitted in your transaction (connection=) yet: "
+            "its key is taken in a statement of its own; submit it without connection=",
+        )
+    if not isinstance(connection, asyncpg.Connection):
+        raise InvalidRequest(
+            "invalid_request",
+            "connection= takes an asyncpg connection (with SQLAlchemy: the raw one, "
+            "(await conn.get_raw_connection()).driver_connection), "
+            f"not a {connection.__class__.__name__}",
+        )
+
+
 class Client:
     """Connected to the job store and (for submissions) the broker."""
 
@@ -173,19 +190,8 @@ class Client:
             raise InvalidRequest(
                 "invalid_unique", "a unique job cannot be scheduled (run_at, delay) yet"
             )
-        if opts is not None and connection is not None:
-            raise InvalidRequest(
-                "invalid_unique",
-                "a unique job cannot be submitted in your transaction (connection=) yet: "
-                "its key is taken in a statement of its own; submit it without connection=",
-            )
-        if connection is not None and not isinstance(connection, asyncpg.Connection):
-            raise InvalidRequest(
-                "invalid_request",
-                "connection= takes an asyncpg connection (with SQLAlchemy: the raw one, "
-                "(await conn.get_raw_connection()).driver_connection), "
-                f"not a {connection.__class__.__name__}",
-            )
+        if connection is not None:
+            _check_transactional(connection, unique=opts is not None)
         registered = None if self.app is not None else await self.registered_type(type)
         request = self._request(
             type,
