@@ -268,3 +268,14 @@ async def test_chain_refuses_a_step_that_cannot_take_the_result(fclient: Client)
         await fclient.submit_chain(chain(step("add", {"x": 1}), step("leaf", {"n": 1})))
     with pytest.raises(ValueError, match="at least one step"):
         chain()
+
+
+async def test_cancelling_a_waiting_step_stops_the_chain(fclient: Client) -> None:
+    """The trigger also covers the cancel path (no worker here: the first step waits)."""
+    submitted = await fclient.submit_chain(chain(step("add", {"x": 1}), step("add", {"x": 2})))
+    first = chain_step_id(submitted["id"], 0)
+    await fclient.cancel(first, "not today")
+    record = await fclient.chain_status(submitted["id"])
+    assert (record["status"], record["current_step"]) == ("cancelled", 0)
+    assert "not today" in record["stopped_reason"]
+    assert [j["id"] for j in record["jobs"]] == [first]
