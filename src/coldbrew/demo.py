@@ -109,9 +109,7 @@ async def _submit_all(client: Client, settings: Settings, say: Say) -> dict[str,
     resolutions = ["480p", "720p", "1080p"]
     for video in ("keynote", "trailer"):
         job = await client.submit(
-            "transcode",
-            {"video_id": video, "resolutions": resolutions},
-            tenant="globex",
+            "transcode", {"video_id": video, "resolutions": resolutions}, tenant="globex",
             priority=5,
         )
         expected[job.id] = Status.SUCCEEDED
@@ -223,10 +221,8 @@ async def _summary(client: Client, console: Console, *, since: float) -> None:
             str(row.failed),
             str(row.cancelled),
             str(row.dead),
-            *(
-                _seconds(v)
-                for v in (row.run_p50_seconds, row.run_p95_seconds, row.wait_p50_seconds)
-            ),
+            *(_seconds(v) for v in (row.run_p50_seconds, row.run_p95_seconds,
+                                    row.wait_p50_seconds)),
         )
     console.print()
     console.print(table)

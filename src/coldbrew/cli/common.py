@@ -86,7 +86,9 @@ def parse_duration(text: str, flag: str) -> float:
             for number, unit in _DURATION_PART.findall(cleaned)
         )
     if seconds is None or not math.isfinite(seconds):
-        raise ConfigurationError(f"{flag} must be a duration like 90s, 15m, 1h or 7d, not {text!r}")
+        raise ConfigurationError(
+            f"{flag} must be a duration like 90s, 15m, 1h or 7d, not {text!r}"
+        )
     if not 0 < seconds <= MAX_DURATION_SECONDS:
         raise ConfigurationError(f"{flag} must be more than 0 s and at most 3650d, not {text!r}")
     return seconds

@@ -44,7 +44,9 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     types_sub = types.add_subparsers(dest="types_command", required=True, parser_class=Parser)
     types_sub.add_parser(
         "list", help="every job type a worker registered or that has a cap: lane, defaults, cap"
-    ).add_argument("--json", action="store_true")
+    ).add_argument(
+        "--json", action="store_true"
+    )
     types_set = types_sub.add_parser("set", help="cap a job type's running jobs fleet-wide")
     types_set.add_argument("name", metavar="TYPE")
     types_set.add_argument("--max-running", metavar="N|none", help="the cap (none: no cap)")

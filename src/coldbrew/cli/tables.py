@@ -44,7 +44,9 @@ def merge_rows(
     return rows
 
 
-def row_json(row: StatsRow, since_seconds: float, consumers: Mapping[str, int]) -> dict[str, Any]:
+def row_json(
+    row: StatsRow, since_seconds: float, consumers: Mapping[str, int]
+) -> dict[str, Any]:
     """A row of ``stats --json``: the waiting gauges as before, and ``window``."""
     wait = row.wait
     window = dataclasses.asdict(row.finished) if row.finished is not None else None
