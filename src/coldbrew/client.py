@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import structlog
 
 from coldbrew import storable
@@ -22,6 +23,7 @@ from coldbrew.app import App, JobSpec
 from coldbrew.batches import BatchRecord
 from coldbrew.batchjobs import JobLike, cancel_batch, check_batch_id, create_batch
 from coldbrew.errors import BrokerUnavailable, ContractViolation, InvalidRequest, JobNotFound
+from coldbrew.flow import Chain, Step, chain_step_id, child_job_id
 from coldbrew.metrics import Metrics
 from coldbrew.model import (
     JobFields,
@@ -34,7 +36,7 @@ from coldbrew.model import (
     new_job_id,
 )
 from coldbrew.settings import Settings, load_settings
-from coldbrew.store import ClaimRequest, JobStore, RegisteredType, UniqueKey
+from coldbrew.store import ChainRecord, ClaimRequest, JobStore, RegisteredType, UniqueKey
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker
 from coldbrew.unique import UniqueError, UniqueOpts, merged
@@ -51,6 +53,41 @@ UNREGISTERED_TTL = 1.0
 """Seconds it trusts that a type is not registered (a worker may be starting)."""
 REGISTERED_CACHE_SIZE = 1024
 """Most type names cached (an API's submitters may send any name)."""
+
+CHILD_OPTIONS = frozenset({"tenant", "queue", "priority", "max_attempts", "timeout"})
+"""What ``ctx.submit`` takes besides type, args and name."""
+
+
+def step_record(request: ClaimRequest, result_arg: str | None) -> dict[str, Any]:
+    """One resolved step as the chain's record keeps it (what the trigger inserts)."""
+    return {
+        "id": request.id,
+        "type": request.type,
+        "queue": request.queue,
+        "tenant": request.tenant,
+        "args": request.args,
+        "priority": request.priority,
+        "max_attempts": request.max_attempts,
+        "timeout": request.timeout,
+        "result_arg": result_arg,
+    }
+
+
+def _check_transactional(connection: Any, *, unique: bool) -> None:
+    """``submit(connection=)`` takes an asyncpg connection, and no unique options."""
+    if unique:
+        raise InvalidRequest(
+            "invalid_unique",
+            "a unique job cannot be submitted in your transaction (connection=) yet: "
+            "its key is taken in a statement of its own; submit it without connection=",
+        )
+    if not isinstance(connection, asyncpg.Connection):
+        raise InvalidRequest(
+            "invalid_request",
+            "connection= takes an asyncpg connection (with SQLAlchemy: the raw one, "
+            "(await conn.get_raw_connection()).driver_connection), "
+            f"not a {connection.__class__.__name__}",
+        )
 
 
 class Client:
@@ -119,8 +156,14 @@ class Client:
         run_at: datetime | None = None,
         delay: float | timedelta | None = None,
         webhook_url: str | None = None,
+        connection: asyncpg.Connection | None = None,
     ) -> JobRecord:
         """Submit a job and return its record; the same idempotency key returns the same job.
+
+        ``connection``: an asyncpg connection inside a transaction the caller owns. The
+        job's row is written there and commits or rolls back with the caller's rows;
+        nothing is published now: the relays publish it once it commits (woken by a
+        NOTIFY that PostgreSQL delivers at commit). README "Enqueue in your transaction".
 
         ``webhook_url``: when the job reaches a terminal status, a signed webhook is
         delivered there by a job of its own, enqueued with the outcome (README
@@ -157,6 +200,8 @@ class Client:
             raise InvalidRequest(
                 "invalid_unique", "a unique job cannot be scheduled (run_at, delay) yet"
             )
+        if connection is not None:
+            _check_transactional(connection, unique=opts is not None)
         registered = None if self.app is not None else await self.registered_type(type)
         request = self._request(
             type,
@@ -174,6 +219,8 @@ class Client:
         if opts is not None:
             return await self._submit_unique(request, opts)
         request.run_at, request.delay = scheduled_at, scheduled_delay
+        if connection is not None:
+            return await self.store.flow.insert_in_transaction(connection, request)
         record, mark = await self.store.jobs.insert_job(
             request, relay_grace=self.settings.relay_grace_seconds
         )
@@ -240,13 +287,20 @@ class Client:
         max_attempts: int | None,
         timeout: float | None,
         registered: RegisteredType | None = None,
+        *,
+        known: bool = True,
+        validate: bool = True,
     ) -> ClaimRequest:
-        spec = self.app.get(type) if self.app is not None else None
+        # known=False: a type this app lacks is another app's (a child's): not an error
+        spec = None
+        if self.app is not None:
+            spec = self.app.get(type) if known else self.app.jobs.get(type)
         return prepare_job(
             self.settings,
             spec or registered,  # the app's own word, else the fleet's
             type,
             args,
+            validate=validate,
             tenant=tenant,
             queue=queue,
             priority=priority,
@@ -342,6 +396,95 @@ class Client:
         _check_reason(reason)
         return await cancel_batch(self.store, batch_id, reason)
 
+    async def child_request(
+        self, parent_id: str, type: str, args: Mapping[str, Any], options: Mapping[str, Any]
+    ) -> ClaimRequest:
+        """The checked child job ``ctx.submit`` collects (``context.Spawn``): its id derived
+        from the parent's and ``options["name"]``; a type not in this app is routed by
+        its registration, like a submission without the app."""
+        opts = dict(options)
+        name = opts.pop("name")
+        unknown = sorted(set(opts) - CHILD_OPTIONS)
+        if unknown:
+            raise TypeError(f"ctx.submit got unknown options {unknown}; it takes {CHILD_OPTIONS}")
+        in_app = self.app is not None and type in self.app.jobs
+        registered = None if in_app else await self.registered_type(type)
+        return self._request(
+            type,
+            dict(args),
+            opts.get("tenant", "default"),
+            opts.get("queue"),
+            opts.get("priority", 0),
+            None,
+            child_job_id(parent_id, name),
+            opts.get("max_attempts"),
+            opts.get("timeout"),
+            registered,
+            known=False,
+        )
+
+    async def submit_chain(self, chain: Chain) -> ChainRecord:
+        """Submit a chain (``coldbrew.flow.chain``); return its record.
+
+        Every step is resolved and checked now, as a submission would be (a step
+        after the first is checked with its ``result_arg`` present); the record and
+        the first step's job commit together, and each later step's job is inserted
+        by PostgreSQL when the one before it succeeds. The same ``chain_id`` twice
+        returns the existing chain.
+        """
+        chain_id = chain.chain_id or new_job_id()
+        check_job_id(chain_id)
+        requests, steps = [], []
+        for index, step in enumerate(chain.steps):
+            passes = index > 0 and step.result_arg is not None
+            registered = None if self.app is not None else await self.registered_type(step.type)
+            self._check_result_arg(step, passes)
+            request = self._request(
+                step.type,
+                dict(step.args),
+                chain.tenant,
+                step.queue,
+                step.priority,
+                None,
+                chain_step_id(chain_id, index),
+                step.max_attempts,
+                step.timeout,
+                registered,
+                validate=not passes,
+            )
+            requests.append(request)
+            steps.append(step_record(request, step.result_arg if passes else None))
+        mark = await self.store.flow.insert_chain(
+            chain_id,
+            chain.tenant,
+            steps,
+            requests[0],
+            relay_grace=self.settings.relay_grace_seconds,
+        )
+        if mark is not None:
+            await self._publish(requests[0], mark)
+        return await self.store.flow.get_chain(chain_id)
+
+    def _check_result_arg(self, step: Step, passes: bool) -> None:
+        """A step that receives the previous result must take it as a parameter (its
+        other args are checked against the signature when it runs, result included)."""
+        spec = self.app.jobs.get(step.type) if self.app is not None else None
+        if not passes or spec is None or spec.args_model is None:
+            return
+        if step.result_arg not in spec.arg_names:
+            raise InvalidRequest(
+                "invalid_arguments",
+                f"chain step {step.type!r} receives the previous result as "
+                f"{step.result_arg!r}, which is not one of its parameters "
+                f"({', '.join(spec.arg_names) or 'none'}); add it, or pass result_arg=None",
+            )
+
+    async def chain_status(self, chain_id: str) -> ChainRecord:
+        """A chain's record: status, current step, the jobs of the steps it reached, and
+        why it stopped (a step that failed, died or was cancelled)."""
+        check_job_id(chain_id)
+        return await self.store.flow.get_chain(chain_id)
+
     async def registered_type(self, type: str) -> RegisteredType | None:
         """How the fleet's workers registered ``type`` (its lane and defaults), or None
         when none did yet; cached briefly, so a burst of submissions reads it once."""
@@ -410,12 +553,13 @@ def prepare_job(
     job_id: str | None,
     max_attempts: int | None,
     timeout: float | None,
+    validate: bool = True,
 ) -> ClaimRequest:
     """The checked job a submission inserts: args validated against the app's signature
     (when ``declared`` is its ``JobSpec``), the lane and defaults resolved, and exactly the
     message a worker will accept (``check_submission``). Shared by ``Client.submit``,
     batches and ``ctx.batch.add``."""
-    if isinstance(declared, JobSpec):
+    if isinstance(declared, JobSpec) and validate:  # validate=False: a chain step's later args
         args = declared.validate_args(args)
     lane = queue or (declared.queue if declared else "default")
     given = JobFields(

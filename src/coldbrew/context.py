@@ -9,7 +9,7 @@ object serves process-pool jobs: the pool relays the child's calls to it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +24,18 @@ if TYPE_CHECKING:
 
     from coldbrew.batchjobs import BatchHandle
     from coldbrew.breaker import Breakers, CircuitBreaker
+    from coldbrew.model import JobFields
     from coldbrew.settings import Settings
-    from coldbrew.store import JobStore
+    from coldbrew.store import JobRows, JobStore
 
 _log = structlog.get_logger("coldbrew.job")
+
+Spawn = Callable[[str, str, "Mapping[str, Any]", "Mapping[str, Any]"], Awaitable["JobFields"]]
+"""Builds a checked child job: ``(parent id, type, args, options) -> JobFields`` (the
+runner's, through ``Client.child_request``)."""
+
+MAX_CHILDREN = 1000
+"""Most child jobs one attempt may spawn (they are written with its outcome)."""
 
 MAX_PROGRESS_MESSAGE = 500
 """Longest progress message, in characters; a longer one is cut."""
@@ -42,9 +50,11 @@ class Context:
         "_log",
         "_on_progress",
         "_settings",
+        "_spawn",
         "_store",
         "attempt",
         "checkpoint_state",
+        "children",
         "job_id",
         "max_attempts",
         "queue",
@@ -63,11 +73,12 @@ class Context:
         attempt: int,
         max_attempts: int,
         checkpoint_state: Any,
-        store: JobStore,
+        store: JobStore | None,
         on_progress: Callable[[float | None, str | None], None],
         breakers: Breakers | None = None,
         snoozes: int = 0,
         settings: Settings | None = None,
+        spawn: Spawn | None = None,
     ) -> None:
         self.job_id = job_id
         self.type = type
@@ -84,6 +95,9 @@ class Context:
         self._log: Any = None
         self._settings = settings
         self._batch: BatchHandle | None = None
+        self._spawn = spawn
+        self.children: dict[str, JobFields] = {}
+        """The child jobs this attempt spawned so far, by id (``submit``)."""
 
     @property
     def log(self) -> Any:
@@ -115,7 +129,7 @@ class Context:
             encoded = RawJSON(storable.dump_json(state, "checkpoint"))
         except UnstorableValue as exc:
             raise UnstorableCheckpoint(exc.field, exc.problem) from None
-        await self._store.jobs.save_checkpoint(self.job_id, self.attempt, encoded)
+        await self._jobs().save_checkpoint(self.job_id, self.attempt, encoded)
         self.checkpoint_state = state
 
     async def once(self, name: str) -> bool:
@@ -126,7 +140,7 @@ class Context:
         once, never twice).
         """
         storable.check_text(name, "once name")  # UnstorableValue (a ValueError) for a NUL
-        return await self._store.jobs.claim_once(self.job_id, name, self.attempt)
+        return await self._jobs().claim_once(self.job_id, name, self.attempt)
 
     def once_in_transaction(
         self, name: str
@@ -139,7 +153,43 @@ class Context:
         commits together with the guard, or not at all.
         """
         storable.check_text(name, "once name")
-        return self._store.jobs.once_transaction(self.job_id, name, self.attempt)
+        return self._jobs().once_transaction(self.job_id, name, self.attempt)
+
+    def _jobs(self) -> JobRows:
+        if self._store is None:
+            raise RuntimeError(
+                "this Context has no job store (coldbrew.testing.run_inline without store=): "
+                "checkpoints and once-guards need one; use Harness.run_inline"
+            )
+        return self._store.jobs
+
+    async def submit(
+        self,
+        type: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        name: str,
+        **options: Any,
+    ) -> str:
+        """Spawn a child job; return its id. Nothing is written yet.
+
+        The child is checked now (type, args, options: ``queue``, ``priority``,
+        ``tenant`` (this job's by default), ``max_attempts``, ``timeout``) and
+        inserted with this attempt's outcome, in its transaction, only if the
+        attempt succeeds; the relay publishes it after the commit. Its id is
+        derived from this job's id and ``name``, so an attempt that retries and
+        spawns again gets the same ids and each child exists once. Submitting the
+        same ``name`` twice in one attempt replaces the first.
+        """
+        if self._spawn is None:
+            raise RuntimeError("ctx.submit needs a worker's Context (testing.run_inline has one)")
+        storable.check_text(name, "child name")
+        options = {"tenant": self.tenant, **options, "name": name}
+        child = await self._spawn(self.job_id, type, dict(args or {}), options)
+        if child.id not in self.children and len(self.children) >= MAX_CHILDREN:
+            raise ValueError(f"a job spawns at most {MAX_CHILDREN} children per attempt")
+        self.children[child.id] = child
+        return child.id
 
     @property
     def batch(self) -> BatchHandle:
@@ -149,6 +199,11 @@ class Context:
             from coldbrew.batchjobs import BatchHandle
             from coldbrew.settings import load_settings
 
+            if self._store is None:
+                raise RuntimeError(
+                    "this Context has no job store (coldbrew.testing.run_inline without "
+                    "store=): ctx.batch needs one; use Harness.run_inline"
+                )
             self._batch = BatchHandle(
                 self._store,
                 self._settings or load_settings(),

@@ -114,6 +114,14 @@ class BatchNotFound(ColdbrewError):
         self.batch_id = batch_id
 
 
+class ChainNotFound(ColdbrewError):
+    """No chain has this id (in this namespace)."""
+
+    def __init__(self, chain_id: str) -> None:
+        super().__init__(f"no chain with id {chain_id!r}")
+        self.chain_id = chain_id
+
+
 class StaleWrite(ColdbrewError):
     """A write was fenced: the row moved on (another attempt, or another status)."""
 

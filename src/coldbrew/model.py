@@ -582,6 +582,13 @@ class JobRecord:
     """Times the job snoozed (``raise Snooze``); they do not spend attempts."""
     batch_id: str | None = None
     """The batch the job is a member of (``client.batch``), or None."""
+    parent_id: str | None = None
+    """The job that spawned this one with ``ctx.submit`` (flow), None for a submission."""
+    chain_id: str | None = None
+    """The chain this job is a step of (``coldbrew.flow.chain``), and which step."""
+    chain_step: int | None = None
+    children: Mapping[str, int] | None = None
+    """This job's children counted by status; None when not read (or none exist)."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobRecord:
@@ -608,6 +615,10 @@ class JobRecord:
             args=row["args"],
             snoozes=row.get("snoozes", 0),
             batch_id=row.get("batch_id"),
+            parent_id=row.get("parent_id"),
+            chain_id=row.get("chain_id"),
+            chain_step=row.get("chain_step"),
+            children=row.get("children"),
         )
 
     def to_status_json(self) -> dict[str, Any]:
@@ -637,7 +648,18 @@ class JobRecord:
             "cancel_requested": self.cancel_requested,
             "snoozes": self.snoozes,
             "batch_id": self.batch_id,
+            "parent_id": self.parent_id,
+            "chain_id": self.chain_id,
+            "chain_step": self.chain_step,
+            "children": children_summary(self.children),
         }
+
+
+def children_summary(counts: Mapping[str, int] | None) -> dict[str, Any]:
+    """The status JSON's ``children``: how many a job spawned, and how many are in each
+    status (``{"total": 0, "by_status": {}}`` for a job without children)."""
+    by_status = {status: int(n) for status, n in sorted((counts or {}).items())}
+    return {"total": sum(by_status.values()), "by_status": by_status}
 
 
 def _iso(moment: datetime | None) -> str | None:

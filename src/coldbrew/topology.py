@@ -69,6 +69,13 @@ class Topology:
         """
         return f"{self.namespace}.caps"
 
+    @property
+    def relay_channel(self) -> str:
+        """PostgreSQL NOTIFY channel that wakes the relays: a row became due in a
+        transaction that just committed (a submission in the caller's transaction, child
+        jobs, a chain's next step; SQL builds it as ``current_schema() || '.relay'``)."""
+        return f"{self.namespace}.relay"
+
     def jobs_exchange_arguments(self) -> dict[str, Any]:
         return {"alternate-exchange": self.unrouted_exchange}
 

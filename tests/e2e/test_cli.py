@@ -41,6 +41,10 @@ STATUS_KEYS = {
     "cancel_requested",
     "snoozes",
     "batch_id",
+    "parent_id",  # flow (issue #16)
+    "chain_id",
+    "chain_step",
+    "children",
 }
 
 

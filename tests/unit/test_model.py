@@ -26,6 +26,7 @@ STATUS_JSON_KEYS = {
     "id", "type", "queue", "tenant", "status", "priority", "attempt", "max_attempts",
     "progress", "progress_message", "result", "error", "created_at", "started_at",
     "finished_at", "run_at", "cancel_requested", "snoozes", "batch_id",
+    "parent_id", "chain_id", "chain_step", "children",  # flow (issue #16)
 }  # fmt: skip
 
 

@@ -24,7 +24,13 @@ SRC = STORE_PACKAGE.parent
 STORE_HELPERS = {"_fetch", "_batch_fetch", "_fetchrow", "_fetchval", "_execute"}
 # Call sites whose argument count cannot be read from the call itself (executemany
 # takes rows; the claim queries take a built tuple); each one is checked another way below.
-UNCOUNTED = {"insert_rejected", "claim_batch", "register_waiting"}
+UNCOUNTED = {
+    "insert_rejected",
+    "claim_batch",
+    "register_waiting",
+    "complete_batch",
+    "insert_children",
+}
 
 
 def _queries_subscript(node: ast.AST) -> str | None:
@@ -130,6 +136,18 @@ def test_claim_argument_tuples_match_their_queries() -> None:
     request = ClaimRequest("j1", "t", "default", "default", {}, 0, 3, None, None)
     assert len(ClaimConfig().claim_args([request])) == QUERIES["claim_batch"].param_count
     assert len(_waiting_args(request)) == QUERIES["register_waiting"].param_count
+
+
+def test_outcome_argument_tuples_match_their_queries() -> None:
+    """complete_batch and insert_children get built tuples: one value per placeholder."""
+    from coldbrew.model import Status
+    from coldbrew.store import ClaimRequest, Outcome
+    from coldbrew.store.claims import children_args, complete_args
+
+    child = ClaimRequest("c1", "t", "default", "default", {}, 0, 3, None, None)
+    outcome = Outcome("j1", 1, Status.SUCCEEDED, children=[child])
+    assert len(complete_args([outcome])) == QUERIES["complete_batch"].param_count
+    assert len(children_args([("j1", child)])) == QUERIES["insert_children"].param_count
 
 
 def test_insert_rejected_rows_have_one_value_per_parameter() -> None:

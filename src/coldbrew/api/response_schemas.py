@@ -41,6 +41,21 @@ STATUS_SCHEMA: dict[str, Any] = {
         "cancel_requested": {"type": "boolean"},
         "snoozes": {"type": "integer", "minimum": 0, "description": "times the job snoozed"},
         "batch_id": {"type": ["string", "null"], "description": "the job's batch, if any"},
+        "parent_id": {
+            "type": ["string", "null"],
+            "description": "the job that spawned this one with ctx.submit",
+        },
+        "chain_id": {"type": ["string", "null"], "description": "the chain this job is a step of"},
+        "chain_step": {"type": ["integer", "null"], "minimum": 0},
+        "children": {
+            "type": "object",
+            "description": "the jobs this one spawned (ctx.submit), counted by status",
+            "required": ["total", "by_status"],
+            "properties": {
+                "total": {"type": "integer", "minimum": 0},
+                "by_status": {"type": "object", "additionalProperties": {"type": "integer"}},
+            },
+        },
     },
 }
 

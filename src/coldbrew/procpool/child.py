@@ -139,6 +139,13 @@ class _ProcessBatch:
         }
         return str(self._channel.call("batch_add", member))
 
+    def submit(
+        self, type: str, args: Mapping[str, Any] | None = None, *, name: str, **options: Any
+    ) -> str:
+        """Spawn a child job (``Context.submit``, relayed to the parent, which collects it
+        for this attempt's outcome); returns its id once the parent checked it."""
+        return str(self._channel.call("submit", (type, dict(args or {}), name, options)))
+
 
 def _run_job(app: App, channel: _ChildChannel, message: tuple[Any, ...]) -> bytes:
     """Run one job and return the outcome frame; job code can never take the child down."""

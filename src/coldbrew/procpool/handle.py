@@ -196,6 +196,10 @@ class ChildHandle:
                 reply = ("reply", True, None)
             elif method == "batch_add":
                 reply = ("reply", True, await job.host.add_to_batch(argument))
+            elif method == "submit":
+                type_, args, name, options = argument
+                child_id = await job.host.submit(type_, args, name=name, **options)
+                reply = ("reply", True, child_id)
             else:
                 reply = ("reply", True, bool(await job.host.once(argument)))
         except Exception as exc:  # noqa: BLE001 - handed to the job, which decides

@@ -8,6 +8,7 @@ settles its future from the child's frames and answers its RPCs through
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,6 +25,9 @@ class ContextHost(Protocol):
     async def once(self, name: str) -> bool: ...
 
     async def add_to_batch(self, member: dict[str, Any]) -> str: ...
+    async def submit(
+        self, type: str, args: Mapping[str, Any] | None = None, *, name: str, **options: Any
+    ) -> str: ...
 
 
 @dataclass(eq=False)

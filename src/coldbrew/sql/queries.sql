@@ -22,8 +22,12 @@ ON CONFLICT (id) DO NOTHING
 RETURNING *;
 
 -- name: get_job
--- One job by id ($1 id)
-SELECT * FROM jobs WHERE id = $1;
+-- One job by id, with its children's counts by status (a probe of jobs_parent; null when it has none) ($1 id)
+SELECT j.*,
+       (SELECT jsonb_object_agg(s.status, s.n)
+        FROM (SELECT c.status, count(*) AS n FROM jobs AS c
+              WHERE c.parent_id = j.id GROUP BY c.status) AS s) AS children
+FROM jobs AS j WHERE j.id = $1;
 
 -- name: get_finished_jobs
 -- Those of the given jobs that reached a terminal status, for webhooks ($1 ids)

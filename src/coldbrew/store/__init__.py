@@ -49,6 +49,7 @@ from coldbrew.store.dashboard import (
     Session,
 )
 from coldbrew.store.dead import DeadLetterStore
+from coldbrew.store.flow import ChainRecord, FlowStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.jobstore import JobStore
 from coldbrew.store.leases import LeaseStore
@@ -92,6 +93,7 @@ __all__ = [
     "CapLocks",
     "CapRoom",
     "CapStore",
+    "ChainRecord",
     "ClaimConfig",
     "ClaimRequest",
     "ClaimResult",
@@ -107,6 +109,7 @@ __all__ = [
     "DeadLetterStore",
     "DuePublish",
     "FinishedStats",
+    "FlowStore",
     "JobRows",
     "JobStore",
     "JobSummary",

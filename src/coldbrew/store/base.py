@@ -201,6 +201,28 @@ class Database:
             raise
         return rows
 
+    async def batch_transaction(
+        self, name: str, op: Callable[[asyncpg.Connection], Awaitable[T]]
+    ) -> T:
+        """``op`` in one transaction on ``name``'s group-commit connection, with the same
+        error translation as ``batch_fetch`` (an outcome batch that spawns child jobs)."""
+        conn = self._batch_conns.get(name)
+        try:
+            if conn is None or conn.is_closed():
+                conn = await self._connect_batch(name)
+            async with conn.transaction():
+                return await op(conn)
+        except CONNECTION_ERRORS as exc:
+            self.drop_batch_conn(name)
+            raise self.unavailable(exc) from exc
+        except asyncpg.TransactionRollbackError as exc:
+            raise transient(exc) from exc
+        except DATA_ERRORS as exc:
+            raise refused(exc) from exc
+        except asyncio.CancelledError:
+            self.drop_batch_conn(name)
+            raise
+
     async def _connect_batch(self, name: str) -> asyncpg.Connection:
         settings = {**connection_settings(self.namespace), **KEYED_BATCH_PLANS}
         # every other batch commit must flush the WAL: completions and the barrier

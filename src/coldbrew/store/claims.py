@@ -23,6 +23,8 @@ import asyncpg
 
 from coldbrew.batching import GroupCommit
 from coldbrew.errors import DataRefused
+from coldbrew.model import Status
+from coldbrew.sql import QUERIES
 from coldbrew.store.base import GATHER_TURNS, Database, StoreBase
 from coldbrew.store.records import ClaimRequest, ClaimResult, CommitMark, Outcome
 
@@ -146,21 +148,65 @@ class ClaimStore(StoreBase):
 
     async def _complete_batch(self, outcomes: Sequence[Outcome]) -> list[CommitMark | None]:
         covers = self._claim_seq  # claim batches that committed before this statement is sent
-        rows = await self._batch_fetch(
-            "complete_batch",
-            [o.id for o in outcomes],
-            [o.attempt for o in outcomes],
-            [o.status for o in outcomes],
-            [o.result for o in outcomes],
-            [o.error_kind for o in outcomes],
-            [o.error_message for o in outcomes],
-            [o.delay for o in outcomes],
-            [o.dead_reason for o in outcomes],
-            [o.progress for o in outcomes],
-            [o.progress_message for o in outcomes],
-        )
+        if any(o.children for o in outcomes):  # rare: the fast path stays one statement
+            rows = await self._db.batch_transaction(
+                "complete_batch", lambda conn: self._complete_spawning(conn, outcomes)
+            )
+        else:
+            rows = await self._batch_fetch("complete_batch", *complete_args(outcomes))
         written = {row["id"] for row in rows}
         if not written:  # a transaction that changed nothing writes no commit record: no flush
             return [None] * len(outcomes)
         mark = CommitMark(self._db.batch_server("complete_batch"), covers)
         return [mark if o.id in written else None for o in outcomes]
+
+    async def _complete_spawning(
+        self, conn: asyncpg.Connection, outcomes: Sequence[Outcome]
+    ) -> list[asyncpg.Record]:
+        """The outcomes, then the children of those written ``succeeded``, in one
+        transaction: a parent that is fenced or does not succeed spawns nothing, and one
+        whose outcome commits spawns each child (ids derived from its own: exactly once)."""
+        rows: list[asyncpg.Record] = await conn.fetch(
+            QUERIES["complete_batch"].text, *complete_args(outcomes)
+        )
+        written = {row["id"] for row in rows}
+        children = [
+            (o.id, child)
+            for o in outcomes
+            if o.children and o.id in written and o.status is Status.SUCCEEDED
+            for child in o.children
+        ]
+        if children:
+            await conn.fetch(QUERIES["insert_children"].text, *children_args(children))
+        return rows
+
+
+def complete_args(outcomes: Sequence[Outcome]) -> tuple[Any, ...]:
+    """The parameters of ``complete_batch`` for ``outcomes``."""
+    return (
+        [o.id for o in outcomes],
+        [o.attempt for o in outcomes],
+        [o.status for o in outcomes],
+        [o.result for o in outcomes],
+        [o.error_kind for o in outcomes],
+        [o.error_message for o in outcomes],
+        [o.delay for o in outcomes],
+        [o.dead_reason for o in outcomes],
+        [o.progress for o in outcomes],
+        [o.progress_message for o in outcomes],
+    )
+
+
+def children_args(children: Sequence[tuple[str, ClaimRequest]]) -> tuple[Any, ...]:
+    """The parameters of ``insert_children`` for ``(parent id, child)`` pairs."""
+    return (
+        [c.id for _, c in children],
+        [c.type for _, c in children],
+        [c.queue for _, c in children],
+        [c.tenant for _, c in children],
+        [c.args for _, c in children],
+        [c.priority for _, c in children],
+        [c.max_attempts for _, c in children],
+        [c.timeout for _, c in children],
+        [parent for parent, _ in children],
+    )

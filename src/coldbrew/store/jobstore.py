@@ -26,6 +26,7 @@ from coldbrew.store.claims import CLAIM_COMMITS, ClaimConfig, ClaimStore
 from coldbrew.store.cron import CronStore
 from coldbrew.store.dashboard import DashboardStore
 from coldbrew.store.dead import DeadLetterStore
+from coldbrew.store.flow import FlowStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.leases import LeaseStore
 from coldbrew.store.liveness import LivenessStore
@@ -79,6 +80,8 @@ class JobStore(StoreBase):
         """A raw delivery's webhook URL, recorded before its claim (migration 0012)."""
         self.dashboard = DashboardStore(db)
         """The web dashboard's sessions, audit log, attempts, search and charts."""
+        self.flow = FlowStore(db)
+        """Submissions in a caller's transaction; chains' records."""
 
     @classmethod
     @asynccontextmanager

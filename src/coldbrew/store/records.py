@@ -92,6 +92,9 @@ class Outcome:
     dead_reason: str | None = None
     progress: float | None = None
     progress_message: str | None = None
+    children: list[JobFields] | None = None
+    """Jobs a succeeded attempt spawned (``ctx.submit``): inserted in the transaction
+    that writes this outcome, and only if it is written and ``succeeded``."""
 
 
 @dataclass(slots=True, kw_only=True)  # kw_only: JobFields ends with fields that have defaults

@@ -200,6 +200,7 @@ def _runner(
         lifecycle=shared.lifecycle,
         dead_letters=dead_letters,
         breakers=breakers,
+        app=shared.app,
     )
 
 
@@ -257,6 +258,7 @@ async def _build(
         slots=settings.concurrency,
     )
     relay, reaper, liveness = await _open_liveness(stack, shared, store, broker)
+    tenants.also_listen(shared.topology.relay_channel, relay.wake)  # commits that made rows due
     return Parts(
         store,
         broker,

@@ -14,6 +14,14 @@ lost; a second message is a duplicate, harmless by guarantee 5). Between
 ticks the relay sleeps until the earliest mark ahead when that comes before
 the next tick (one probe of the ``publish_after`` index), so a job scheduled
 for a moment starts within milliseconds of it rather than within an interval.
+
+Rows made due by a transaction the worker did not run -- a submission in
+the caller's transaction, child jobs, a chain's next step -- come with a
+NOTIFY on ``<ns>.relay``, delivered at commit; the tenant watch's LISTEN
+connection hears it (``TenantQueues.also_listen``: no connection of its own)
+and ``wake`` ends the relay's sleep, so they are published within a pass,
+not an interval. A NOTIFY lost while that connection was down costs at most
+one interval.
 """
 
 from __future__ import annotations
@@ -55,6 +63,12 @@ class Relay:
         self.batch = batch
         self.retry_after = retry_after
         self._wake_at: float | None = None  # loop time of the earliest mark ahead
+        self.woken = asyncio.Event()
+        """Set (``wake``) when a NOTIFY says a committed transaction made rows due."""
+
+    def wake(self, _payload: str = "") -> None:
+        """End the sleep between passes: rows are due now (a ``<ns>.relay`` NOTIFY)."""
+        self.woken.set()
 
     async def publish_due(self) -> int:
         """Publish one batch of due rows; return how many were due."""
@@ -94,5 +108,6 @@ class Relay:
             interval=self.interval,
             full_batch=self.batch,
             wait=self.next_wait,
+            wake=self.woken,
         )
         await loop.run(stop)

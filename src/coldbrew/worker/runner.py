@@ -27,13 +27,16 @@ from typing import Any, TypeVar
 
 import structlog
 
+from coldbrew.app import App
 from coldbrew.breaker import Breakers
 from coldbrew.caps import Capped, claim_capped
 from coldbrew.claimacks import ClaimAcks, HeldAck
+from coldbrew.client import Client
 from coldbrew.context import Context
 from coldbrew.errors import ContractViolation, JobCancelled, JobTimeout, Snooze, UnstorableData
 from coldbrew.jobstate import Delivery, InFlight, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
+from coldbrew.model import Status
 from coldbrew.procpool import ProcessPool
 from coldbrew.rates import Bucket, RateLimited, claim_limited, claim_one_token
 from coldbrew.settings import Settings
@@ -69,6 +72,7 @@ class JobRunner:
         lifecycle: Lifecycle,
         dead_letters: DeadLetters,
         breakers: Breakers | None = None,
+        app: App | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -80,6 +84,8 @@ class JobRunner:
         self.dead_letters = dead_letters  # a delivery whose data PostgreSQL refused goes there
         self._rand = random.Random()
         self.breakers = breakers
+        # builds the children ctx.submit collects, as a submission of this app would
+        self.requests = Client(settings, store, None, app)
         # COLDBREW_CLAIM_COMMIT=async: a delivery's ack waits until its claim is durable
         self.claim_acks: ClaimAcks | None = None
         if settings.claim_commit == "async":
@@ -302,6 +308,7 @@ class JobRunner:
             breakers=self.breakers,
             snoozes=claim.snoozes,
             settings=self.settings,
+            spawn=self.requests.child_request,
         )
         try:
             if spec.is_coroutine:
@@ -324,7 +331,10 @@ class JobRunner:
             return outcomes.failed(state, claim, exc, settings=self.settings, rand=self._rand)
         if isinstance(result, Snooze):  # ``return Snooze(s)``: the same as raising it
             return outcomes.snoozed(state, claim, result, now=datetime.now(UTC))
-        return outcomes.succeeded(state, result)
+        outcome = outcomes.succeeded(state, result)
+        if ctx.children and outcome.status is Status.SUCCEEDED:  # written with the outcome
+            outcome.children = list(ctx.children.values())
+        return outcome
 
     async def _run_coroutine(self, state: JobState, ctx: Context, timeout: float | None) -> Any:
         if state.stop is not None:

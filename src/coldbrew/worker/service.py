@@ -46,6 +46,18 @@ async def sleep_unless(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), timeout=seconds)
 
 
+async def sleep_until_woken(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, or less if ``stop`` or ``wake`` is set meanwhile; clear ``wake``."""
+    if not wake.is_set():
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+    wake.clear()
+
+
 class Backoff:
     """Delays that double from ``first`` up to ``cap`` while a service stays away.
 
@@ -104,6 +116,7 @@ class Periodic:
     more work is waiting. Outages are logged and retried with ``Backoff``.
     ``wait``, if given, says how long to sleep after a step that was not full
     (the relay wakes at the next scheduled job's time); ``interval`` otherwise.
+    ``wake``, if given, ends that sleep as soon as it is set.
     """
 
     def __init__(
@@ -115,6 +128,7 @@ class Periodic:
         full_batch: int,
         backoff_cap: float = 30.0,
         wait: Callable[[], float] | None = None,
+        wake: asyncio.Event | None = None,
     ) -> None:
         self.name = name
         self.step = step
@@ -122,6 +136,8 @@ class Periodic:
         self.full_batch = full_batch
         self.backoff_cap = backoff_cap
         self.wait = wait
+        self.wake = wake
+        """Set by someone who knows work is due (a NOTIFY): ends the sleep early."""
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = Backoff(first=self.interval * 2, cap=max(self.backoff_cap, self.interval))
@@ -135,4 +151,8 @@ class Periodic:
                 continue
             backoff.reset()
             if done < self.full_batch:
-                await sleep_unless(stop, self.interval if self.wait is None else self.wait())
+                seconds = self.interval if self.wait is None else self.wait()
+                if self.wake is None:
+                    await sleep_unless(stop, seconds)
+                else:
+                    await sleep_until_woken(stop, self.wake, seconds)

@@ -67,6 +67,13 @@ class TenantQueues:
         self.cap_listening = False
         """Whether freed cap places are being heard (NOTIFY) right now."""
         self._hinted: asyncio.Queue[str] = asyncio.Queue()
+        self._also: dict[str, Callable[[str], None]] = {}
+
+    def also_listen(self, channel: str, callback: Callable[[str], None]) -> None:
+        """LISTEN on ``channel`` too, on this service's connection (no connection of its
+        own); ``callback`` gets each payload, and ``""`` at every (re)connect, since what
+        was sent while the connection was down is lost (the relay's wake, flow)."""
+        self._also[channel] = callback
 
     async def ensure(self, queue: str, tenant: str) -> None:
         """Declare, record and announce one (lane, tenant) queue (idempotent)."""
@@ -115,6 +122,9 @@ class TenantQueues:
                 async with listening as conn:
                     if self._on_cap_freed is not None:
                         await conn.add_listener(self.store.caps.cap_channel(), self._cap_freed)
+                    for channel, callback in self._also.items():
+                        await conn.add_listener(channel, _payload_to(callback))
+                        callback("")
                     try:
                         self.cap_listening = self._on_cap_freed is not None
                         await self.sync()
@@ -154,3 +164,10 @@ class TenantQueues:
                 log.warning("tenant_notify_ignored", payload=payload[:200])
                 continue
             await self._on_queue(queue, tenant)
+
+
+def _payload_to(callback: Callable[[str], None]) -> Callable[[Any, int, str, str], None]:
+    def on_notify(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        callback(payload)
+
+    return on_notify
