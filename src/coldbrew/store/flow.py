@@ -96,6 +96,7 @@ class FlowStore(StoreBase):
                     request.idempotency_key,
                     request.run_at,
                     request.delay,
+                    request.webhook_url,
                 )
                 if row is None:
                     row = await conn.fetchrow(QUERIES["get_job_in_transaction"].text, request.id)

@@ -9,19 +9,19 @@ SELECT current_setting('search_path') AS previous, set_config('search_path', $1,
 SELECT set_config('search_path', $1, true);
 
 -- name: insert_job_in_transaction
--- Submit a job on a caller's connection, in its transaction: queued and due at once (publish_after = now(), the transaction's start, so past when it commits), or scheduled for its run_at; NOTIFY "<schema>.relay" so that the relays wake at commit (a rollback sends nothing); json travels as text, since the caller's connection may have no jsonb codec ($1 id, $2 type, $3 queue, $4 tenant, $5 args json text, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 run_at or null, $11 delay seconds or null)
+-- Submit a job on a caller's connection, in its transaction: queued and due at once (publish_after = now(), the transaction's start, so past when it commits), or scheduled for its run_at; NOTIFY "<schema>.relay" so that the relays wake at commit (a rollback sends nothing); json travels as text, since the caller's connection may have no jsonb codec ($1 id, $2 type, $3 queue, $4 tenant, $5 args json text, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 run_at or null, $11 delay seconds or null, $12 webhook_url or null)
 WITH due AS MATERIALIZED (
     SELECT coalesce($10::timestamptz, now() + make_interval(secs => coalesce($11::float8, 0)))
            AS at
 ),
 inserted AS (
     INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                      idempotency_key, status, run_at, publish_after)
+                      idempotency_key, status, run_at, publish_after, webhook_url)
     VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8, $9,
             CASE WHEN (SELECT at FROM due) > now() THEN 'scheduled'::job_status
                  ELSE 'queued'::job_status END,
             greatest((SELECT at FROM due), now()),
-            greatest((SELECT at FROM due), now()))
+            greatest((SELECT at FROM due), now()), $12)
     ON CONFLICT (id) DO NOTHING
     RETURNING *
 )
