@@ -104,6 +104,13 @@ class ProcessContext:
         """True the first time ``name`` is claimed for this job (across attempts), else False."""
         return bool(self._channel.call("once", name))
 
+    def submit(
+        self, type: str, args: Mapping[str, Any] | None = None, *, name: str, **options: Any
+    ) -> str:
+        """Spawn a child job (``Context.submit``, relayed to the parent, which collects it
+        for this attempt's outcome); returns its id once the parent checked it."""
+        return str(self._channel.call("submit", (type, dict(args or {}), name, options)))
+
     @property
     def batch(self) -> _ProcessBatch:
         """This job's batch: ``ctx.batch.add(type, args, name=...)``, as a coroutine job's."""
@@ -138,13 +145,6 @@ class _ProcessBatch:
             "timeout": timeout,
         }
         return str(self._channel.call("batch_add", member))
-
-    def submit(
-        self, type: str, args: Mapping[str, Any] | None = None, *, name: str, **options: Any
-    ) -> str:
-        """Spawn a child job (``Context.submit``, relayed to the parent, which collects it
-        for this attempt's outcome); returns its id once the parent checked it."""
-        return str(self._channel.call("submit", (type, dict(args or {}), name, options)))
 
 
 def _run_job(app: App, channel: _ChildChannel, message: tuple[Any, ...]) -> bytes:

@@ -216,6 +216,85 @@ ALTER TYPE job_status ADD VALUE 'scheduled';
 
 ALTER TABLE jobs ADD COLUMN snoozes integer NOT NULL DEFAULT 0 CHECK (snoozes >= 0);
 
+-- --- flow: child jobs and chains (issue #16; migration 0010) ---------------------------
+ALTER TABLE jobs
+    ADD COLUMN parent_id text,
+    ADD COLUMN chain_id text,
+    ADD COLUMN chain_step integer CHECK (chain_step >= 0);
+
+CREATE INDEX jobs_parent ON jobs (parent_id, status) WHERE parent_id IS NOT NULL;
+CREATE INDEX jobs_chain ON jobs (chain_id, chain_step) WHERE chain_id IS NOT NULL;
+
+CREATE TABLE chains (
+    id              text PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 128),
+    tenant          text NOT NULL,
+    steps           jsonb NOT NULL CHECK (jsonb_typeof(steps) = 'array'),
+    current_step    integer NOT NULL DEFAULT 0 CHECK (current_step >= 0),
+    status          text NOT NULL DEFAULT 'running'
+                    CHECK (status IN ('running', 'succeeded', 'failed', 'dead', 'cancelled')),
+    stopped_reason  text,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    finished_at     timestamptz
+);
+
+CREATE FUNCTION chain_step_finished() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    steps  jsonb;
+    nxt    jsonb;
+    args   jsonb;
+BEGIN
+    SELECT c.steps INTO steps FROM chains AS c WHERE c.id = NEW.chain_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.status = 'succeeded' THEN
+        IF NEW.chain_step + 1 >= jsonb_array_length(steps) THEN
+            UPDATE chains
+            SET status = 'succeeded', current_step = NEW.chain_step, stopped_reason = NULL,
+                finished_at = now(), updated_at = now()
+            WHERE id = NEW.chain_id;
+            RETURN NULL;
+        END IF;
+        nxt := steps -> (NEW.chain_step + 1);
+        args := nxt -> 'args';
+        IF nxt ->> 'result_arg' IS NOT NULL THEN
+            args := args || jsonb_build_object(nxt ->> 'result_arg',
+                                               coalesce(NEW.result, 'null'::jsonb));
+        END IF;
+        INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts,
+                          timeout_seconds, status, run_at, publish_after, chain_id, chain_step)
+        VALUES (nxt ->> 'id', nxt ->> 'type', nxt ->> 'queue', nxt ->> 'tenant', args,
+                (nxt ->> 'priority')::int2, (nxt ->> 'max_attempts')::int4,
+                (nxt ->> 'timeout')::float8, 'queued', now(), now(), NEW.chain_id,
+                NEW.chain_step + 1)
+        ON CONFLICT (id) DO NOTHING;
+        UPDATE chains
+        SET status = 'running', current_step = NEW.chain_step + 1, stopped_reason = NULL,
+            finished_at = NULL, updated_at = now()
+        WHERE id = NEW.chain_id;
+        PERFORM pg_notify(TG_TABLE_SCHEMA || '.relay', 'chain');
+    ELSE
+        UPDATE chains
+        SET status = NEW.status::text, current_step = NEW.chain_step,
+            stopped_reason = format('step %s (%s, job %s) %s: %s', NEW.chain_step, NEW.type,
+                                    NEW.id, NEW.status,
+                                    coalesce(NEW.error_message, NEW.dead_reason, 'no reason')),
+            finished_at = now(), updated_at = now()
+        WHERE id = NEW.chain_id;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_chain_step_finished
+    AFTER UPDATE OF status ON jobs
+    FOR EACH ROW
+    WHEN (NEW.chain_id IS NOT NULL AND NEW.status IS DISTINCT FROM OLD.status
+          AND NEW.status IN ('succeeded', 'failed', 'dead', 'cancelled'))
+    EXECUTE FUNCTION chain_step_finished();
+
 -- --- batches (issue #16; migration 0011) ---------------------------------------------
 CREATE TABLE batches (
     id                text PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 100),
@@ -308,6 +387,7 @@ WHEN (NEW.batch_id IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
       AND (OLD.status IN ('succeeded', 'failed', 'dead', 'cancelled')
            OR NEW.status IN ('succeeded', 'failed', 'dead', 'cancelled')))
 EXECUTE FUNCTION batch_member_moved();
+
 -- --- durable webhooks (issue #16; migration 0012: the why is there) ---
 
 ALTER TABLE jobs ADD COLUMN webhook_url text;
@@ -344,74 +424,6 @@ BEGIN
             jsonb_build_object('url', target, 'job', snapshot), NEW.priority,
             coalesce(attempts, 8), coalesce(limit_seconds, 60), 'queued', now(), now())
     ON CONFLICT (id) DO NOTHING;
--- --- flow: child jobs and chains (issue #16; migration 0010) ---------------------------
-ALTER TABLE jobs
-    ADD COLUMN parent_id text,
-    ADD COLUMN chain_id text,
-    ADD COLUMN chain_step integer CHECK (chain_step >= 0);
-
-CREATE INDEX jobs_parent ON jobs (parent_id, status) WHERE parent_id IS NOT NULL;
-CREATE INDEX jobs_chain ON jobs (chain_id, chain_step) WHERE chain_id IS NOT NULL;
-
-CREATE TABLE chains (
-    id              text PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 128),
-    tenant          text NOT NULL,
-    steps           jsonb NOT NULL CHECK (jsonb_typeof(steps) = 'array'),
-    current_step    integer NOT NULL DEFAULT 0 CHECK (current_step >= 0),
-    status          text NOT NULL DEFAULT 'running'
-                    CHECK (status IN ('running', 'succeeded', 'failed', 'dead', 'cancelled')),
-    stopped_reason  text,
-    created_at      timestamptz NOT NULL DEFAULT now(),
-    updated_at      timestamptz NOT NULL DEFAULT now(),
-    finished_at     timestamptz
-);
-
-CREATE FUNCTION chain_step_finished() RETURNS trigger
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
-DECLARE
-    steps  jsonb;
-    nxt    jsonb;
-    args   jsonb;
-BEGIN
-    SELECT c.steps INTO steps FROM chains AS c WHERE c.id = NEW.chain_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    IF NEW.status = 'succeeded' THEN
-        IF NEW.chain_step + 1 >= jsonb_array_length(steps) THEN
-            UPDATE chains
-            SET status = 'succeeded', current_step = NEW.chain_step, stopped_reason = NULL,
-                finished_at = now(), updated_at = now()
-            WHERE id = NEW.chain_id;
-            RETURN NULL;
-        END IF;
-        nxt := steps -> (NEW.chain_step + 1);
-        args := nxt -> 'args';
-        IF nxt ->> 'result_arg' IS NOT NULL THEN
-            args := args || jsonb_build_object(nxt ->> 'result_arg',
-                                               coalesce(NEW.result, 'null'::jsonb));
-        END IF;
-        INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts,
-                          timeout_seconds, status, run_at, publish_after, chain_id, chain_step)
-        VALUES (nxt ->> 'id', nxt ->> 'type', nxt ->> 'queue', nxt ->> 'tenant', args,
-                (nxt ->> 'priority')::int2, (nxt ->> 'max_attempts')::int4,
-                (nxt ->> 'timeout')::float8, 'queued', now(), now(), NEW.chain_id,
-                NEW.chain_step + 1)
-        ON CONFLICT (id) DO NOTHING;
-        UPDATE chains
-        SET status = 'running', current_step = NEW.chain_step + 1, stopped_reason = NULL,
-            finished_at = NULL, updated_at = now()
-        WHERE id = NEW.chain_id;
-        PERFORM pg_notify(TG_TABLE_SCHEMA || '.relay', 'chain');
-    ELSE
-        UPDATE chains
-        SET status = NEW.status::text, current_step = NEW.chain_step,
-            stopped_reason = format('step %s (%s, job %s) %s: %s', NEW.chain_step, NEW.type,
-                                    NEW.id, NEW.status,
-                                    coalesce(NEW.error_message, NEW.dead_reason, 'no reason')),
-            finished_at = now(), updated_at = now()
-        WHERE id = NEW.chain_id;
-    END IF;
     RETURN NULL;
 END
 $$;
@@ -423,6 +435,7 @@ WHEN (NEW.status IN ('succeeded', 'failed', 'dead', 'cancelled')
       AND OLD.status IS DISTINCT FROM NEW.status
       AND NEW.type <> 'coldbrew.webhook')
 EXECUTE FUNCTION coldbrew_enqueue_webhook();
+
 -- --- the acting dashboard (migration 0014): sessions, audit, attempts, search -------
 CREATE TABLE dashboard_sessions (
     token_hash   bytea PRIMARY KEY,
@@ -481,9 +494,3 @@ CREATE TRIGGER jobs_attempt_ended AFTER UPDATE OF status ON jobs
 CREATE INDEX jobs_search_created ON jobs (created_at, id);
 CREATE INDEX jobs_search_tenant ON jobs (tenant, created_at, id);
 CREATE INDEX jobs_search_status ON jobs (status, created_at, id);
-CREATE TRIGGER jobs_chain_step_finished
-    AFTER UPDATE OF status ON jobs
-    FOR EACH ROW
-    WHEN (NEW.chain_id IS NOT NULL AND NEW.status IS DISTINCT FROM OLD.status
-          AND NEW.status IN ('succeeded', 'failed', 'dead', 'cancelled'))
-    EXECUTE FUNCTION chain_step_finished();
