@@ -39,6 +39,7 @@ from coldbrew.store.cron import (
     Watermark,
 )
 from coldbrew.store.dead import DeadLetterStore
+from coldbrew.store.history import JOB_TABLES, HistoryStore, PrunedBatch
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.jobstore import JobStore
 from coldbrew.store.leases import LeaseStore
@@ -72,6 +73,7 @@ from coldbrew.store.unique import Admission, UniqueKey, UniqueRows
 __all__ = [
     "CONNECTION_ERRORS",
     "GATHER_TURNS",
+    "JOB_TABLES",
     "KEYED_BATCH_PLANS",
     "TENANTS_CHANGED",
     "Admission",
@@ -93,6 +95,7 @@ __all__ = [
     "DeadLetterStore",
     "DuePublish",
     "FinishedStats",
+    "HistoryStore",
     "JobRows",
     "JobStore",
     "JobTypeSettings",
@@ -101,6 +104,7 @@ __all__ = [
     "LookRecord",
     "Outbox",
     "Outcome",
+    "PrunedBatch",
     "QueueLook",
     "QueueStats",
     "RawJSON",

@@ -23,6 +23,7 @@ from coldbrew.store.caps import CapStore
 from coldbrew.store.claims import CLAIM_COMMITS, ClaimConfig, ClaimStore
 from coldbrew.store.cron import CronStore
 from coldbrew.store.dead import DeadLetterStore
+from coldbrew.store.history import HistoryStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.leases import LeaseStore
 from coldbrew.store.liveness import LivenessStore
@@ -67,6 +68,8 @@ class JobStore(StoreBase):
         """Cron schedules: declarations, watermarks, the firing transaction, pauses."""
         self.types = TypeRegistry(db)
         """The job types workers' apps registered: lanes for submitters without the app."""
+        self.history = HistoryStore(db)
+        """Finished rows past their retention: batched deletes and their dry run."""
 
     @classmethod
     @asynccontextmanager

@@ -34,6 +34,7 @@ from coldbrew.worker.health import DatabaseHealth
 from coldbrew.worker.heartbeat import Heartbeat
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.parts import Parts, Shared, open_parts
+from coldbrew.worker.prune import PruneService, Retention
 from coldbrew.worker.reconcile import Reconciler
 from coldbrew.worker.service import Periodic, Service
 
@@ -213,6 +214,13 @@ class Worker:
             ),
             parts.tenants,
             reconciler,
+            PruneService(
+                store,
+                metrics,
+                Retention.of(settings),
+                interval=settings.prune_interval_seconds,
+                batch=settings.prune_batch,
+            ),
         ]
 
     def _shared(self) -> Shared:
