@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -17,6 +18,7 @@ from coldbrew.client import Client
 from coldbrew.metrics import Metrics
 from coldbrew.migrate import quote_ident
 from coldbrew.settings import Settings
+from coldbrew.stats import StatsSnapshot
 from coldbrew.store import JobStore
 from coldbrew.worker.prune import Pruner, PruneService, Retention
 from tests.helpers import DATABASE_URL, metric, wait_until
@@ -250,3 +252,39 @@ async def test_a_failing_prune_is_logged_counted_and_retried(
     assert "job_prunable" in failure["error"] and failure["retry_in"] > 0
     assert metrics.registry.get_sample_value("coldbrew_prune_failures_total") >= 1
     assert metrics.registry.get_sample_value("coldbrew_prune_last_success_timestamp_seconds") > 0
+
+
+async def test_the_fleet_gauges_are_computed_once_per_interval(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """Two workers' snapshots: the first refresh computes and stores the counts, the other
+    worker's refresh within the interval reads them (the stored time does not move), and
+    a refresh after the interval counts again and sees new rows."""
+    await db.execute(SURVIVORS)
+    taken = "SELECT taken_at FROM fleet_stats_taken"
+    async with (
+        JobStore.open(settings.database_url, settings.namespace, pool_size=2) as one,
+        JobStore.open(settings.database_url, settings.namespace, pool_size=2) as two,
+    ):
+        first = StatsSnapshot(one, max_tenants=10, max_age=1.0)
+        second = StatsSnapshot(two, max_tenants=10, max_age=1.0)
+        await first.refresh()
+        stored = await db.fetchval(taken)
+        await db.execute(FINISHED, 2, 60.0, "later")  # dead and failed: counted next time
+        await second.refresh()
+        assert await db.fetchval(taken) == stored
+        # the same counts; a waiting job's age read from the store is as of now
+        assert [replace(r, oldest_waiting_seconds=0) for r in second.rows] == [
+            replace(r, oldest_waiting_seconds=0) for r in first.rows
+        ]
+        assert second.rows[0].oldest_waiting_seconds >= first.rows[0].oldest_waiting_seconds
+        assert [(r.queued, r.running, r.retrying, r.scheduled, r.dead) for r in first.rows] == [
+            (2, 1, 1, 1, 1)
+        ]
+        await asyncio.sleep(1.1)
+        await second.refresh()
+        assert await db.fetchval(taken) > stored
+        assert {(r.tenant, r.dead, r.failed) for r in second.rows} == {
+            ("default", 1, 0),
+            ("acme", 2, 2),
+        }

@@ -263,3 +263,22 @@ LANGUAGE sql STABLE AS $$
            AND j.finished_at IS NOT NULL
            AND j.publish_after IS NULL
 $$;
+
+CREATE TABLE fleet_stats (
+    queue                   text NOT NULL,
+    tenant                  text NOT NULL,
+    queued                  bigint NOT NULL,
+    running                 bigint NOT NULL,
+    retrying                bigint NOT NULL,
+    dead                    bigint NOT NULL,
+    failed                  bigint NOT NULL,
+    scheduled               bigint NOT NULL,
+    oldest_waiting_seconds  double precision NOT NULL,
+    finished                bigint NOT NULL,
+    PRIMARY KEY (queue, tenant)
+);
+
+CREATE TABLE fleet_stats_taken (
+    one       boolean PRIMARY KEY DEFAULT true CHECK (one),
+    taken_at  timestamptz NOT NULL
+);

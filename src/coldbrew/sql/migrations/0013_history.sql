@@ -24,6 +24,10 @@
 -- migration; every prune statement and the dry run call it.
 --
 -- rejected_received: rejected messages are pruned by age (COLDBREW_RETENTION_DEAD).
+--
+-- fleet_stats, fleet_stats_taken: the fleet's gauges, computed once per interval for the
+-- whole fleet: the worker whose refresh finds the snapshot old takes a lock, recomputes
+-- queue_stats and stores it here; every other worker reads these rows.
 
 DROP INDEX jobs_finished;
 CREATE INDEX jobs_finished ON jobs (status, finished_at) WHERE finished_at IS NOT NULL;
@@ -78,3 +82,22 @@ LANGUAGE sql STABLE AS $$
            AND j.finished_at IS NOT NULL
            AND j.publish_after IS NULL
 $$;
+
+CREATE TABLE fleet_stats (
+    queue                   text NOT NULL,
+    tenant                  text NOT NULL,
+    queued                  bigint NOT NULL,
+    running                 bigint NOT NULL,
+    retrying                bigint NOT NULL,
+    dead                    bigint NOT NULL,
+    failed                  bigint NOT NULL,
+    scheduled               bigint NOT NULL,
+    oldest_waiting_seconds  double precision NOT NULL,
+    finished                bigint NOT NULL,
+    PRIMARY KEY (queue, tenant)
+);
+
+CREATE TABLE fleet_stats_taken (
+    one       boolean PRIMARY KEY DEFAULT true CHECK (one),
+    taken_at  timestamptz NOT NULL
+);

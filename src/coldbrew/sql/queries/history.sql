@@ -95,3 +95,38 @@ INSERT INTO job_tallies (queue, tenant, status, n)
 SELECT queue, tenant, status, sum(n) FROM taken
 GROUP BY queue, tenant, status
 HAVING sum(n) <> 0;
+
+-- name: fleet_stats_lock
+-- One refresher of the fleet's gauges at a time: try the namespace's stats lock for the rest of this transaction (no parameters)
+SELECT pg_try_advisory_xact_lock(hashtext(current_schema() || '.fleet_stats')) AS held;
+
+-- name: fleet_stats_age
+-- Seconds since the fleet's gauges were last stored, or null if never (no parameters)
+SELECT extract(epoch FROM now() - taken_at)::float8 FROM fleet_stats_taken;
+
+-- name: clear_fleet_stats
+-- The first statement of storing the fleet's gauges: forget the stored rows and mark the snapshot taken now (no parameters)
+WITH taken AS (
+    INSERT INTO fleet_stats_taken (one, taken_at) VALUES (true, now())
+    ON CONFLICT (one) DO UPDATE SET taken_at = excluded.taken_at
+)
+DELETE FROM fleet_stats;
+
+-- name: store_fleet_stats
+-- The second: store these rows as the fleet's gauges ($1 queues, $2 tenants, $3 queued, $4 running, $5 retrying, $6 dead, $7 failed, $8 scheduled, $9 oldest waiting seconds, $10 finished)
+INSERT INTO fleet_stats (queue, tenant, queued, running, retrying, dead, failed, scheduled,
+                         oldest_waiting_seconds, finished)
+SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
+                     $7::int8[], $8::int8[], $9::float8[], $10::int8[]);
+
+-- name: read_fleet_stats
+-- The fleet's stored gauges with the snapshot's age in seconds (one row with null lane when it holds none; no row when none was ever stored); a waiting job's age is as of now (no parameters)
+SELECT extract(epoch FROM now() - t.taken_at)::float8 AS age, s.queue, s.tenant, s.queued,
+       s.running, s.retrying, s.dead, s.failed, s.scheduled,
+       CASE WHEN s.queued + s.retrying > 0
+            THEN s.oldest_waiting_seconds + extract(epoch FROM now() - t.taken_at)
+            ELSE 0 END::float8 AS oldest_waiting_seconds,
+       s.finished
+FROM fleet_stats_taken AS t
+LEFT JOIN fleet_stats AS s ON true
+ORDER BY s.queue, s.tenant;
