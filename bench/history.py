@@ -113,6 +113,11 @@ async def generate(
         high = min(last, low + step - 1)
         await conn.execute(GENERATE, low, high, kw.get("ago", 0.0), kw.get("span", 30 * 86400.0))
         progress(f"  generated rows {low:,}..{high:,} ({time.perf_counter() - started:.0f} s)")
+    # what a running fleet's stats refresher does every few seconds (store/stats.py)
+    await conn.execute(
+        "WITH taken AS (DELETE FROM job_tallies RETURNING *) INSERT INTO job_tallies"
+        " SELECT queue, tenant, status, sum(n) FROM taken GROUP BY 1, 2, 3 HAVING sum(n) <> 0"
+    )
     await conn.execute("VACUUM ANALYZE jobs")
     await conn.execute("RESET search_path")
     return time.perf_counter() - started
@@ -122,10 +127,14 @@ async def generate(
 async def api_process(cfg: Config, namespace: str) -> AsyncIterator[int]:
     """A ``coldbrew api`` on a free port, without auth (a local bench), until it is done."""
     port = free_port()
-    env = worker_env(cfg, namespace, 0) | POOL | {
-        "COLDBREW_API_PORT": str(port),
-        "COLDBREW_API_INSECURE_NO_AUTH": "true",
-    }
+    env = (
+        worker_env(cfg, namespace, 0)
+        | POOL
+        | {
+            "COLDBREW_API_PORT": str(port),
+            "COLDBREW_API_INSECURE_NO_AUTH": "true",
+        }
+    )
     log_path = cfg.workdir / f"api-{namespace}.log"
     with log_path.open("wb") as log_file:
         process = await asyncio.create_subprocess_exec(

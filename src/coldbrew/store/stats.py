@@ -77,7 +77,10 @@ class StatsStore(StoreBase):
 
 
 async def _refresh_fleet_stats(conn: asyncpg.Connection) -> list[QueueStats]:
-    """Count now (``queue_stats``) and store the result as the fleet's snapshot."""
+    """Fold the dead/failed tallies, count now (``queue_stats``) and store the result as
+    the fleet's snapshot. Folding here, every interval, keeps the tallies' log short
+    after a burst of failures (the prune service folds them too, each pass)."""
+    await conn.execute(QUERIES["compact_tallies"].text)
     rows = [QueueStats(**dict(row)) for row in await conn.fetch(QUERIES["queue_stats"].text, None)]
     await conn.execute(QUERIES["clear_fleet_stats"].text)
     await conn.execute(
