@@ -303,6 +303,8 @@ async def run_steady(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
                         )
                     sent = max(sent, due)
                     if now >= next_sample:
+                        if conn.is_closed():  # the shared server may end idle sessions
+                            conn = await asyncpg.connect(cfg.database_url)
                         row = await conn.fetchrow(
                             "SELECT pg_total_relation_size($1::regclass) AS bytes,"
                             " (SELECT count(*) FROM " + table + ") AS rows,"
@@ -326,7 +328,11 @@ async def run(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
     result["levels"] = await run_levels(cfg, args)
     result["retention"] = await run_retention(cfg, args)
     if args.steady_seconds > 0:
-        result["steady"] = await run_steady(cfg, args)
+        try:
+            result["steady"] = await run_steady(cfg, args)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, BenchError) as exc:
+            progress(f"steady: failed: {exc!r}")  # keep what the other phases measured
+            result["steady_error"] = repr(exc)
     return result
 
 
