@@ -37,6 +37,11 @@ CREATE INDEX jobs_unfinished ON jobs (queue, tenant, status, created_at)
 
 CREATE INDEX rejected_received ON rejected_messages (received_at);
 
+-- a tenant's newest dead jobs (the dashboard of a tenant's key): on jobs_dead alone, a
+-- tenant with none scanned every dead job kept (0.9 s at 100K dead rows). Written only
+-- when a job dies.
+CREATE INDEX jobs_dead_tenant ON jobs (tenant, finished_at) WHERE status = 'dead';
+
 CREATE TABLE job_tallies (
     queue   text NOT NULL,
     tenant  text NOT NULL,
