@@ -72,6 +72,15 @@ class TransientDatabaseError(DatabaseUnavailable):
     """
 
 
+class StatementFailed(ColdbrewError):
+    """PostgreSQL refused a background statement for a reason that is neither an outage,
+    a conflict nor its data (a statement or lock timeout, a permission, a broken schema).
+
+    Raised where a loop must log it and try again later rather than die of it (the
+    prune service); the message carries the SQLSTATE and PostgreSQL's text.
+    """
+
+
 # --- the message contract ---------------------------------------------------
 
 

@@ -144,6 +144,7 @@ class Metrics:
         self._init_ratelimit_metrics(registry)
         self._init_scheduled_metrics(registry)
         self._init_webhook_metrics(registry)
+        self._init_prune_metrics(registry)
         self._handles: dict[tuple[str, str], JobHandles] = {}
         # Known label values exist from the start, so rate() sees the first increment.
         for cause in REDELIVERY_CAUSES:
@@ -405,6 +406,27 @@ class Metrics:
             self.reconcile_republished.labels(rule=rule)
         for result in ("reconciled", "skipped"):
             self.reconcile_passes.labels(result=result)
+
+    def _init_prune_metrics(self, reg: CollectorRegistry) -> None:
+        # worker/prune.py: table is jobs, job_once, job_unique, job_aliases (status: the
+        # pruned job's), rejected_messages or rate_buckets (status "any")
+        self.pruned_rows = Counter(
+            "coldbrew_pruned_rows_total",
+            "Rows the prune service deleted past their retention, by table and job status.",
+            ["table", "status"],
+            registry=reg,
+        )
+        self.prune_last_success = Gauge(
+            "coldbrew_prune_last_success_timestamp_seconds",
+            "When this worker last finished a prune pass (Unix time; 0: never). One worker "
+            "of the fleet prunes at a time: take the max over workers.",
+            registry=reg,
+        )
+        self.prune_failures = Counter(
+            "coldbrew_prune_failures_total",
+            "Prune passes that failed (logged as prune_failed, retried after a backoff).",
+            registry=reg,
+        )
 
     def _init_cron_metrics(self, reg: CollectorRegistry) -> None:
         self.cron_ticks = Counter(

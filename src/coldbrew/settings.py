@@ -25,6 +25,7 @@ from pydantic_settings import (
 )
 
 from coldbrew.crontab import CronSpec, parse_config
+from coldbrew.durations import DurationError, parse_duration
 from coldbrew.errors import ConfigurationError, ContractViolation
 from coldbrew.urlguard import check_webhook_url
 
@@ -78,6 +79,30 @@ def mask_url(url: str) -> str:
         query = [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in query]
         masked = masked._replace(query=urlencode(query, safe="*"))
     return url if masked is parts else urlunsplit(masked)
+
+
+RETENTION_FIELDS = (
+    "retention_succeeded",
+    "retention_failed",
+    "retention_dead",
+    "retention_cancelled",
+)
+KEEP_FOREVER = frozenset({"off", "never", "forever", "none"})
+
+
+def parse_retention(value: Any) -> float | None:
+    """A retention setting: a duration (``7d``, ``12h``, seconds) or ``off`` (keep forever)."""
+    if value is None or isinstance(value, int | float):
+        return None if value is None else float(parse_duration(str(value)))
+    if not isinstance(value, str):
+        # ValueError, not TypeError: pydantic turns only the former into a validation error
+        raise ValueError(f"a retention must be a duration like 7d or 'off', not {value!r}")  # noqa: TRY004
+    if value.strip().lower() in KEEP_FOREVER:
+        return None
+    try:
+        return parse_duration(value)
+    except DurationError as exc:
+        raise ValueError(f"{exc}; or 'off' to keep these jobs forever") from None
 
 
 class _FileSecretsSource(PydanticBaseSettingsSource):
@@ -201,6 +226,18 @@ class Settings(BaseSettings):
     # Rows the relay publishes per pass (it passes again at once while they are full):
     # a larger batch turns a burst of jobs due in the same second into fewer round trips.
     relay_batch: Annotated[int, Field(ge=1, le=100_000)] = 500
+    # --- bounded history (worker/prune.py, `coldbrew prune`) ---
+    # How long finished jobs are kept, per final status: a duration (90s, 12h, 7d, 2w) or
+    # "off" to keep them forever. Defaults as River's (completed 24 h; cancelled and
+    # discarded 7 d), with dead jobs kept 30 d: they wait in the dead letters for a replay.
+    # Rejected messages (`coldbrew dlq list --rejected`) are kept as long as dead jobs.
+    retention_succeeded: float | None = 86_400.0
+    retention_failed: float | None = 7 * 86_400.0
+    retention_dead: float | None = 30 * 86_400.0
+    retention_cancelled: float | None = 7 * 86_400.0
+    # how often the prune service looks, and the rows one of its statements deletes at most
+    prune_interval_seconds: Annotated[float, Field(gt=0, le=86_400)] = 30.0
+    prune_batch: Annotated[int, Field(ge=1, le=100_000)] = 1000
 
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -241,6 +278,11 @@ class Settings(BaseSettings):
         except ConfigurationError as exc:
             raise ValueError(str(exc).removeprefix("COLDBREW_CRON").lstrip(": ")) from None
         return value
+
+    @field_validator(*RETENTION_FIELDS, mode="before")
+    @classmethod
+    def _parse_retention(cls, value: Any) -> Any:
+        return parse_retention(value)
 
     @field_validator("amqp_url")
     @classmethod

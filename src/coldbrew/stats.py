@@ -2,16 +2,24 @@
 
 Depth, oldest waiting job's age, running and dead counts per lane and tenant
 come from the job table (the truth), not from RabbitMQ, whose ready count
-misses unacked and retrying jobs. Scheduled jobs (waiting for their
-``run_at``) are counted apart, in ``coldbrew_jobs_scheduled``: a job due
-tomorrow is not backlog, so it is in neither the depth, the oldest age nor the
-estimated wait that autoscaling reads. The drain rate is the change of the
-fleet's finished-jobs counter per lane and tenant between two refreshes
-(an exponentially weighted average over about a minute), and the estimated
-wait is depth divided by it. A background loop refreshes one snapshot;
-the scrape only reads it, so a scrape never waits on the database. Tenant
-labels are capped (``COLDBREW_METRICS_MAX_TENANTS``): the busiest tenants get
-their own series, the rest are summed as ``other``.
+misses unacked and retrying jobs. None of it reads the history: the
+unfinished rows are an index-only scan of ``jobs_unfinished`` and the dead
+and failed counts come from ``job_tallies``, which triggers keep (migration
+0013), so a refresh costs the same at 10M finished rows as at none.
+Scheduled jobs (waiting for their ``run_at``) are counted apart, in
+``coldbrew_jobs_scheduled``: a job due tomorrow is not backlog, so it is in
+neither the depth, the oldest age nor the estimated wait that autoscaling
+reads. The drain rate is the change of the fleet's finished-jobs counter per
+lane and tenant between two refreshes (an exponentially weighted average
+over about a minute), and the estimated wait is depth divided by it.
+
+The counts are computed once per interval for the whole fleet, not by every
+worker: the worker whose refresh finds the stored snapshot (``fleet_stats``)
+older than half an interval recomputes and stores it under a lock, and the
+others read it. A background loop refreshes one snapshot; the scrape only
+reads it, so a scrape never waits on the database. Tenant labels are capped
+(``COLDBREW_METRICS_MAX_TENANTS``): the busiest tenants get their own
+series, the rest are summed as ``other``.
 """
 
 from __future__ import annotations
@@ -113,17 +121,22 @@ class StatsSnapshot:
         store: JobStore,
         *,
         max_tenants: int,
+        max_age: float = 2.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.max_tenants = max_tenants
+        self.max_age = max_age
         self.rows: list[QueueStats] = []
         self.rates = DrainRates()
         self._clock = clock
 
     async def refresh(self) -> int:
-        rows = cap_tenants(await self.store.stats.queue_stats(), self.max_tenants)
-        now = self._clock()
+        """Read the fleet's snapshot (one worker of the fleet recomputes it when it is
+        older than ``max_age``); the drain rate is observed at the snapshot's own time."""
+        rows, age = await self.store.stats.fleet_stats(self.max_age)
+        rows = cap_tenants(rows, self.max_tenants)
+        now = self._clock() - age
         for row in rows:
             self.rates.observe((row.queue, row.tenant), row.finished, now)
         self.rows = rows

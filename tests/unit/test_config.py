@@ -22,6 +22,7 @@ SECTIONS = [
     "HTTP API",
     "Cron",
     "Observability",
+    "Bounded history",
 ]
 
 _ASSIGNMENT_RE = re.compile(r"^#\s?(?P<name>COLDBREW_[A-Z0-9_]+)=(?P<value>.*)$")

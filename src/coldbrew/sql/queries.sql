@@ -462,23 +462,41 @@ WHERE $1::text IS NULL OR split_part(routing_key, '.', 2) = $1
 GROUP BY reason ORDER BY reason;
 
 -- name: queue_stats
--- Per lane and tenant: counts by status (scheduled apart: not backlog), the oldest waiting job's age in seconds, and how many jobs have finished so far (the drain rate is its change over time), optionally for one tenant ($1 tenant or null)
+-- Per lane and tenant: counts by status (scheduled apart: not backlog), the oldest waiting job's age in seconds, and how many jobs have finished so far (the drain rate is its change over time), optionally for one tenant; unfinished rows are an index-only scan of jobs_unfinished, dead and failed ones are counted from job_tallies (migration 0013), so no part reads the history ($1 tenant or null)
+WITH unfinished AS (
+    SELECT queue, tenant,
+           count(*) FILTER (WHERE status = 'queued') AS queued,
+           count(*) FILTER (WHERE status = 'running') AS running,
+           count(*) FILTER (WHERE status = 'retrying') AS retrying,
+           count(*) FILTER (WHERE status = 'scheduled') AS scheduled,
+           min(created_at) FILTER (WHERE status IN ('queued', 'retrying')) AS oldest
+    FROM jobs
+    WHERE status IN ('queued', 'running', 'retrying', 'scheduled')
+      AND ($1::text IS NULL OR tenant = $1)
+    GROUP BY queue, tenant
+),
+tallied AS (
+    SELECT queue, tenant,
+           coalesce(sum(n) FILTER (WHERE status = 'dead'), 0) AS dead,
+           coalesce(sum(n) FILTER (WHERE status = 'failed'), 0) AS failed
+    FROM job_tallies
+    WHERE $1::text IS NULL OR tenant = $1
+    GROUP BY queue, tenant
+)
 SELECT queue, tenant,
-       count(*) FILTER (WHERE status = 'queued') AS queued,
-       count(*) FILTER (WHERE status = 'running') AS running,
-       count(*) FILTER (WHERE status = 'retrying') AS retrying,
-       count(*) FILTER (WHERE status = 'dead') AS dead,
-       count(*) FILTER (WHERE status = 'failed') AS failed,
-       count(*) FILTER (WHERE status = 'scheduled') AS scheduled,
-       coalesce(extract(epoch FROM now() - min(created_at)
-                        FILTER (WHERE status IN ('queued', 'retrying'))), 0)::float8
-           AS oldest_waiting_seconds,
+       coalesce(u.queued, 0) AS queued,
+       coalesce(u.running, 0) AS running,
+       coalesce(u.retrying, 0) AS retrying,
+       coalesce(t.dead, 0)::int8 AS dead,
+       coalesce(t.failed, 0)::int8 AS failed,
+       coalesce(u.scheduled, 0) AS scheduled,
+       coalesce(extract(epoch FROM now() - u.oldest), 0)::float8 AS oldest_waiting_seconds,
        coalesce((SELECT finished FROM queue_counters AS c
-                 WHERE c.queue = j.queue AND c.tenant = j.tenant), 0) AS finished
-FROM jobs AS j
-WHERE status IN ('queued', 'running', 'retrying', 'dead', 'failed', 'scheduled')
-  AND ($1::text IS NULL OR tenant = $1)
-GROUP BY queue, tenant
+                 WHERE c.queue = q.queue AND c.tenant = q.tenant), 0) AS finished
+FROM (SELECT queue, tenant FROM unfinished UNION SELECT queue, tenant FROM tallied) AS q
+LEFT JOIN unfinished AS u USING (queue, tenant)
+LEFT JOIN tallied AS t USING (queue, tenant)
+WHERE u.queue IS NOT NULL OR t.dead > 0 OR t.failed > 0
 ORDER BY queue, tenant;
 
 -- name: schema_version

@@ -50,6 +50,7 @@ from coldbrew.store.dashboard import (
 )
 from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.flow import ChainRecord, FlowStore
+from coldbrew.store.history import JOB_TABLES, HistoryStore, PrunedBatch
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.jobstore import JobStore
 from coldbrew.store.leases import LeaseStore
@@ -83,6 +84,7 @@ from coldbrew.store.unique import Admission, UniqueKey, UniqueRows
 __all__ = [
     "CONNECTION_ERRORS",
     "GATHER_TURNS",
+    "JOB_TABLES",
     "KEYED_BATCH_PLANS",
     "TENANTS_CHANGED",
     "Admission",
@@ -110,6 +112,7 @@ __all__ = [
     "DuePublish",
     "FinishedStats",
     "FlowStore",
+    "HistoryStore",
     "JobRows",
     "JobStore",
     "JobSummary",
@@ -119,6 +122,7 @@ __all__ = [
     "LookRecord",
     "Outbox",
     "Outcome",
+    "PrunedBatch",
     "QueueLook",
     "QueueStats",
     "RawJSON",

@@ -27,6 +27,7 @@ from coldbrew.store.cron import CronStore
 from coldbrew.store.dashboard import DashboardStore
 from coldbrew.store.dead import DeadLetterStore
 from coldbrew.store.flow import FlowStore
+from coldbrew.store.history import HistoryStore
 from coldbrew.store.jobs import JobRows
 from coldbrew.store.leases import LeaseStore
 from coldbrew.store.liveness import LivenessStore
@@ -82,6 +83,8 @@ class JobStore(StoreBase):
         """The web dashboard's sessions, audit log, attempts, search and charts."""
         self.flow = FlowStore(db)
         """Submissions in a caller's transaction; chains' records."""
+        self.history = HistoryStore(db)
+        """Finished rows past their retention: batched deletes and their dry run."""
 
     @classmethod
     @asynccontextmanager

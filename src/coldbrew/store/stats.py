@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import asyncpg
+
+from coldbrew.sql import QUERIES
 from coldbrew.store.base import StoreBase
 from coldbrew.store.records import QueueStats
 
@@ -42,3 +45,55 @@ class StatsStore(StoreBase):
         on ``finished_at``; the worker's gauges keep reading ``queue_stats`` only)."""
         rows = await self._fetch("finished_stats", since_seconds, tenant)
         return [FinishedStats(**dict(row)) for row in rows]
+
+    async def fleet_stats(self, max_age: float) -> tuple[list[QueueStats], float]:
+        """The gauges of the whole fleet and their age in seconds, computed once per
+        ``max_age`` for the fleet: the worker that finds the stored snapshot older takes
+        the stats lock, runs ``queue_stats`` and stores it; every other one reads it."""
+
+        async def op(conn: asyncpg.Connection) -> tuple[list[QueueStats], float]:
+            async with conn.transaction():
+                age = await conn.fetchval(QUERIES["fleet_stats_age"].text)
+                if (age is None or age >= max_age) and await conn.fetchval(
+                    QUERIES["fleet_stats_lock"].text
+                ):
+                    # again under the lock: a refresh that held it may have just committed
+                    age = await conn.fetchval(QUERIES["fleet_stats_age"].text)
+                    if age is None or age >= max_age:
+                        return await _refresh_fleet_stats(conn), 0.0
+                rows = await conn.fetch(QUERIES["read_fleet_stats"].text)
+            if not rows:  # never stored, and another worker holds the lock: nothing yet
+                return [], 0.0
+            return (
+                [
+                    QueueStats(**{k: v for k, v in row.items() if k != "age"})
+                    for row in rows
+                    if row["queue"] is not None
+                ],
+                float(rows[0]["age"]),
+            )
+
+        return await self._run(op)
+
+
+async def _refresh_fleet_stats(conn: asyncpg.Connection) -> list[QueueStats]:
+    """Fold the dead/failed tallies, count now (``queue_stats``) and store the result as
+    the fleet's snapshot. Folding here, every interval, keeps the tallies' log short
+    after a burst of failures (the prune service folds them too, each pass)."""
+    await conn.execute(QUERIES["compact_tallies"].text)
+    rows = [QueueStats(**dict(row)) for row in await conn.fetch(QUERIES["queue_stats"].text, None)]
+    await conn.execute(QUERIES["clear_fleet_stats"].text)
+    await conn.execute(
+        QUERIES["store_fleet_stats"].text,
+        [r.queue for r in rows],
+        [r.tenant for r in rows],
+        [r.queued for r in rows],
+        [r.running for r in rows],
+        [r.retrying for r in rows],
+        [r.dead for r in rows],
+        [r.failed for r in rows],
+        [r.scheduled for r in rows],
+        [r.oldest_waiting_seconds for r in rows],
+        [r.finished for r in rows],
+    )
+    return rows

@@ -215,7 +215,11 @@ async def _build(
 ) -> Parts:
     settings, metrics = shared.settings, shared.metrics
     metrics.watch_group_commits(store.group_commits)
-    stats = StatsSnapshot(store, max_tenants=settings.metrics_max_tenants)
+    stats = StatsSnapshot(
+        store,
+        max_tenants=settings.metrics_max_tenants,
+        max_age=settings.stats_interval_seconds / 2,
+    )
     stats.register(metrics)
     tenants: TenantQueues | None = None
     intake = Intake(

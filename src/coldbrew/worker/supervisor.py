@@ -35,6 +35,7 @@ from coldbrew.worker.health import DatabaseHealth
 from coldbrew.worker.heartbeat import Heartbeat
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.parts import Parts, Shared, open_parts
+from coldbrew.worker.prune import PruneService, Retention
 from coldbrew.worker.reconcile import Reconciler
 from coldbrew.worker.service import Periodic, Service
 
@@ -221,6 +222,13 @@ class Worker:
             ),
             parts.tenants,
             reconciler,
+            PruneService(
+                store,
+                metrics,
+                Retention.of(settings),
+                interval=settings.prune_interval_seconds,
+                batch=settings.prune_batch,
+            ),
         ]
 
     def _shared(self) -> Shared:
