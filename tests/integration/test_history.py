@@ -288,3 +288,35 @@ async def test_the_fleet_gauges_are_computed_once_per_interval(
             ("default", 1, 0),
             ("acme", 2, 2),
         }
+
+
+async def test_members_of_an_open_batch_are_kept_until_it_is_done(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """A group's callback reads its members' results when the last one ends: an old
+    finished member of an open batch survives a prune; once the batch is done it goes."""
+    await db.execute(
+        "INSERT INTO batches (id, tenant, total, pending) VALUES ('open', 'acme', 2, 1),"
+        " ('done', 'acme', 1, 0)"
+    )
+    await db.execute(
+        """
+        INSERT INTO jobs (id, type, queue, tenant, status, max_attempts, attempt, created_at,
+                          started_at, finished_at, run_at, batch_id)
+        VALUES ('open.0', 'noop', 'default', 'acme', 'succeeded', 3, 1, now() - interval '3 days',
+                now() - interval '3 days', now() - interval '2 days', now() - interval '3 days',
+                'open'),
+               ('done.0', 'noop', 'default', 'acme', 'succeeded', 3, 1, now() - interval '3 days',
+                now() - interval '3 days', now() - interval '2 days', now() - interval '3 days',
+                'done')
+        """
+    )
+    retention = Retention(jobs={"succeeded": 3600.0}, rejected=30 * 86400.0)
+    async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
+        dry = await store.history.count_prunable(
+            retention.jobs, retention.rejected, retention.idle_buckets
+        )
+        result = await Pruner(store, retention, batch=10).run_pass()
+    assert dry[("jobs", "succeeded")] == 1
+    assert result.counts[("jobs", "succeeded")] == 1
+    assert [r["id"] for r in await db.fetch("SELECT id FROM jobs ORDER BY id")] == ["open.0"]

@@ -483,11 +483,15 @@ CREATE TRIGGER jobs_tally_delete AFTER DELETE ON jobs FOR EACH ROW
     WHEN (OLD.status IN ('dead', 'failed'))
     EXECUTE FUNCTION tally_job_status();
 
+-- (0015: a member of an open batch is kept)
 CREATE FUNCTION job_prunable(j jobs) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT j.status IN ('succeeded', 'failed', 'dead', 'cancelled')
            AND j.finished_at IS NOT NULL
            AND j.publish_after IS NULL
+           AND (j.batch_id IS NULL
+                OR NOT EXISTS (SELECT 1 FROM batches AS b
+                               WHERE b.id = j.batch_id AND b.pending > 0))
 $$;
 
 CREATE TABLE fleet_stats (
