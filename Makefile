@@ -12,6 +12,10 @@ PY := $(VENV)/bin/python
 # PYTEST_ARGS also from the environment)
 TESTS := tests
 PYTEST_ARGS ?=
+# pytest-xdist processes of make test's parallel phase (0: one process); JUNIT: a junit
+# XML report of both phases (both also from the environment)
+TEST_WORKERS ?= 4
+JUNIT ?=
 BENCH_ARGS ?=
 # make image-test IMAGE_TEST_ARGS=--single  (or --compose)
 IMAGE_TEST_ARGS ?=
@@ -24,7 +28,7 @@ BENCH_EXTRAS := $(shell awk '/^\[project\.optional-dependencies\]/ {s = 1; next}
 help: ## list the targets
 	@echo "usage: make TARGET"
 	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "variables: TESTS=$(TESTS) PYTEST_ARGS='...' BENCH_ARGS='...'"
+	@echo "variables: TESTS=$(TESTS) PYTEST_ARGS='...' TEST_WORKERS=$(TEST_WORKERS) JUNIT=path BENCH_ARGS='...'"
 
 bootstrap: ## create .venv and install coldbrew[test] (only when pyproject.toml changed)
 	@scripts/bootstrap
@@ -35,13 +39,11 @@ services: ## make sure PostgreSQL and RabbitMQ are reachable (starts local ones)
 demo: bootstrap services ## a self-contained tour on the local broker and database
 	$(VENV)/bin/coldbrew demo
 
-test: bootstrap services ## run the test suite (TESTS, PYTEST_ARGS)
-	@echo "$(PY) -m pytest $(TESTS) $(PYTEST_ARGS)"
-	@rc=0; $(PY) -m pytest $(TESTS) $(PYTEST_ARGS) || rc=$$?; \
-	if [ "$$rc" -eq 5 ]; then \
-		echo "make test: pytest collected no tests (exit 5) from '$(TESTS)'; that is a failure, not a pass" >&2; \
-	fi; \
-	exit "$$rc"
+# make test runs two phases (scripts/run-tests): the tests not marked exclusive side by
+# side in TEST_WORKERS pytest-xdist processes, then the exclusive ones alone; one exit
+# status. JUNIT=path writes one junit report of both (what .ci/run reads).
+test: bootstrap services ## run the test suite in two phases (TESTS, PYTEST_ARGS, TEST_WORKERS, JUNIT)
+	@TEST_WORKERS="$(TEST_WORKERS)" JUNIT="$(JUNIT)" PY="$(PY)" scripts/run-tests $(TESTS) $(PYTEST_ARGS)
 
 lint: bootstrap ## ruff check, mypy (strict) and the import-linter layer contracts
 	@rc=0; \

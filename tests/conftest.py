@@ -27,6 +27,47 @@ from tests.helpers import (
     new_namespace,
 )
 
+PHASES = ("all", "parallel", "exclusive")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--phase",
+        choices=PHASES,
+        default="all",
+        help="which tests to run: all (default), parallel (those not marked exclusive, for"
+        " pytest-xdist's -n) or exclusive (those marked exclusive, to run on their own);"
+        " `make test` runs the two phases one after the other",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse ``-n`` over the exclusive tests: they restart the machine's services or
+    measure timings, and other tests running beside them would fail or make them fail."""
+    workers = config.getoption("numprocesses", default=None)
+    if workers and config.getoption("--phase") != "parallel":
+        raise pytest.UsageError(
+            "pytest -n runs tests side by side; tests marked exclusive must not be among"
+            " them: add --phase=parallel (and run --phase=exclusive without -n), or use"
+            " `make test`, which runs both phases"
+        )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--phase: keep only the parallel-safe tests, or only the exclusive ones."""
+    phase = config.getoption("--phase")
+    if phase == "all":
+        return
+    want_exclusive = phase == "exclusive"
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        is_exclusive = item.get_closest_marker("exclusive") is not None
+        (kept if is_exclusive == want_exclusive else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _configure_logging() -> None:

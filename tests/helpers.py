@@ -28,7 +28,11 @@ AMQP_URL = os.environ.get("COLDBREW_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.
 DATABASE_URL = os.environ.get(
     "COLDBREW_TEST_DATABASE_URL", "postgresql://127.0.0.1:5432/coldbrew_test"
 )
-RUN_ID = secrets.token_hex(3)
+# One id per test process: with pytest-xdist every worker process imports this module
+# itself, and its worker name ("gw3" -> "w3") keeps the workers' namespaces (and the
+# queues the session sweep in conftest.py deletes by prefix) apart with certainty.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+RUN_ID = secrets.token_hex(3) + (f"w{_XDIST_WORKER.removeprefix('gw')}" if _XDIST_WORKER else "")
 _counter = iter(range(1_000_000))
 
 

@@ -27,7 +27,8 @@ from tests.e2e.test_cli import start_worker_process, stop_process, terminate
 from tests.faults.test_faults import postgres_restart, rabbitmqctl
 from tests.helpers import make_settings
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# exclusive: restarts the machine's PostgreSQL and stops the machine's RabbitMQ
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive, pytest.mark.timeout(240)]
 
 KEY = "faults-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}

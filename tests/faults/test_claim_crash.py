@@ -31,7 +31,8 @@ from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest, ClaimResult, ClaimStore
 from tests.helpers import DATABASE_URL, WorkerFactory
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# exclusive: crashes the machine's PostgreSQL cluster
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive, pytest.mark.timeout(240)]
 
 JOBS = 30
 CRASH_AFTER = 20  # claims committed (asynchronously) before the crash

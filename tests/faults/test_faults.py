@@ -172,6 +172,7 @@ def rabbitmqctl(*args: str) -> None:
     subprocess.run(["rabbitmqctl", "-q", *args], check=True, timeout=120, capture_output=True)
 
 
+@pytest.mark.exclusive  # stops and starts the machine's RabbitMQ
 async def test_rabbitmq_restart(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
     """stop_app / start_app mid-run: workers reconnect and every job still succeeds once."""
     if shutil.which("rabbitmqctl") is None:
@@ -216,6 +217,7 @@ def postgres_restart() -> None:
     )
 
 
+@pytest.mark.exclusive  # restarts the machine's PostgreSQL
 async def test_postgres_restart(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
     """Restart PostgreSQL mid-run: workers ride it out and every job still succeeds once."""
     if not await asyncio.to_thread(Path("/etc/postgresql").exists):

@@ -25,6 +25,11 @@ from coldbrew.errors import (
 )
 from coldbrew.procpool import PoolClosed, ProcessPool, RemoteJobError
 
+# The process-pool tests spawn child interpreters (CPU-heavy) and bound how soon a death
+# is noticed: make test runs them one after another on one xdist worker, not against
+# each other (tests/README.md).
+pytestmark = pytest.mark.xdist_group("procpool")
+
 APP_REF = "tests.unit.procpool_jobs:app"
 
 

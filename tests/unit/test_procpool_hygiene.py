@@ -31,7 +31,8 @@ from tests.unit.test_procpool import (
     run,
 )
 
-pytestmark = pytest.mark.timeout(120)
+# One xdist worker runs the process-pool tests one after another (see test_procpool.py).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("procpool")]
 
 MB = 1024 * 1024
 
