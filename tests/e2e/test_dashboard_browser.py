@@ -33,6 +33,9 @@ ACME_KEY = "browser-acme-key-0123456789"
 GLOBEX_KEY = "browser-globex-key-0123456789"
 TIMEOUT_MS = 15_000
 
+# exclusive: headless Chromium beside three busy test processes misses its 15 s waits
+pytestmark = pytest.mark.exclusive
+
 try:
     from playwright.async_api import Page, async_playwright, expect
 except ImportError:  # pragma: no cover - the test extra installs it

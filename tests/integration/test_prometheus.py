@@ -38,6 +38,8 @@ pytestmark = [
         reason="no prometheus binary (apt-get install prometheus; .ci/run installs it)",
     ),
     pytest.mark.timeout(180),
+    # exclusive: a Prometheus, a worker under load and rising/falling gauges within bounds
+    pytest.mark.exclusive,
 ]
 
 # what Grafana substitutes before it sends a panel's query
