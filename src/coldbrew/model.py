@@ -103,6 +103,25 @@ class JobFields:
     """Where a signed webhook announces the job's terminal status (``urlguard`` checked it);
     None: the tenant's URL, if it has one (migration 0012's trigger decides)."""
 
+    def row_fields(
+        self,
+    ) -> tuple[str, str, str, str, dict[str, Any], int, int | None, float | None]:
+        """The eight columns every job insert starts with, in this order: id, type, queue,
+        tenant, args, priority, max_attempts, timeout (``$1``..``$8`` of ``insert_job``,
+        ``insert_unique_job``, ``record_webhook_job``, ``insert_added_member``); one list,
+        so a statement's call sites cannot drift apart (tests/unit/test_sql.py counts it
+        as ``ROW_FIELDS``)."""
+        return (
+            self.id,
+            self.type,
+            self.queue,
+            self.tenant,
+            self.args,
+            self.priority,
+            self.max_attempts,
+            self.timeout,
+        )
+
     def resolved(self, registered: Registered | None, default_max_attempts: int) -> JobFields:
         """The defaults chain, written once: what the producer set (argument or header)
         wins, then the job's registration (``@app.job(max_attempts=, timeout=)``),

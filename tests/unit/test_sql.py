@@ -48,6 +48,28 @@ def _queries_subscript(node: ast.AST) -> str | None:
     return None
 
 
+ROW_FIELDS = 8
+"""What ``*request.row_fields()`` passes (``JobFields.row_fields``)."""
+
+
+def _countable(args: list[ast.expr]) -> int | None:
+    """How many parameters ``args`` pass, or None when a star-argument hides it; the one
+    star-argument counted is ``*<job>.row_fields()``."""
+    total = 0
+    for arg in args:
+        if not isinstance(arg, ast.Starred):
+            total += 1
+        elif (
+            isinstance(arg.value, ast.Call)
+            and isinstance(arg.value.func, ast.Attribute)
+            and arg.value.func.attr == "row_fields"
+        ):
+            total += ROW_FIELDS
+        else:
+            return None
+    return total
+
+
 def call_sites(source: str) -> tuple[dict[str, list[int]], set[str]]:
     """Argument counts per query name at each countable call, and every name referenced."""
     counted: dict[str, list[int]] = defaultdict(list)
@@ -65,8 +87,10 @@ def call_sites(source: str) -> tuple[dict[str, list[int]], set[str]]:
             referenced.add(name)
         else:
             name = _queries_subscript(first)
-        if name is not None and not any(isinstance(arg, ast.Starred) for arg in node.args[1:]):
-            counted[name].append(len(node.args) - 1)
+        if name is not None:
+            count = _countable(node.args[1:])
+            if count is not None:
+                counted[name].append(count)
     return counted, referenced
 
 
@@ -299,3 +323,11 @@ def test_a_name_defined_in_two_files_is_refused(
     monkeypatch.setattr(importlib.resources, "files", lambda _package: tmp_path)
     with pytest.raises(ValueError, match="defined twice"):
         coldbrew.sql.all_queries()
+
+
+def test_row_fields_is_as_long_as_test_sql_counts_it() -> None:
+    """``ROW_FIELDS`` above is ``JobFields.row_fields``' length."""
+    from coldbrew.model import JobFields
+
+    job = JobFields("i", "t", "q", "n", {}, 0, None, None, None)
+    assert len(job.row_fields()) == ROW_FIELDS

@@ -155,14 +155,7 @@ class BatchRows(StoreBase):
                 raise InvalidRequest("batch_cancelled", f"batch {batch['id']} was cancelled")
             added = await conn.fetchval(
                 QUERIES["insert_added_member"].text,
-                request.id,
-                request.type,
-                request.queue,
-                request.tenant,
-                request.args,
-                request.priority,
-                request.max_attempts,
-                request.timeout,
+                *request.row_fields(),
                 batch["id"],
             )
             if added is not None:

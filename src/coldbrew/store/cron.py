@@ -174,14 +174,7 @@ class CronStore(StoreBase):
             for request in requests:
                 row = await conn.fetchrow(
                     QUERIES["insert_job"].text,
-                    request.id,
-                    request.type,
-                    request.queue,
-                    request.tenant,
-                    request.args,
-                    request.priority,
-                    request.max_attempts,
-                    request.timeout,
+                    *request.row_fields(),
                     request.idempotency_key,
                     relay_grace,
                     None,  # run_at: a tick runs now (its time has come)

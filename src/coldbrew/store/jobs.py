@@ -31,14 +31,7 @@ class JobRows(StoreBase):
         still ahead); return it and, if it is new, its publish mark."""
         row = await self._fetchrow(
             "insert_job",
-            request.id,
-            request.type,
-            request.queue,
-            request.tenant,
-            request.args,
-            request.priority,
-            request.max_attempts,
-            request.timeout,
+            *request.row_fields(),
             request.idempotency_key,
             relay_grace,
             request.run_at,
@@ -55,14 +48,7 @@ class JobRows(StoreBase):
         publishes the job at its time), False: claim it as usual."""
         row = await self._fetchrow(
             "defer_job",
-            request.id,
-            request.type,
-            request.queue,
-            request.tenant,
-            request.args,
-            request.priority,
-            request.max_attempts,
-            request.timeout,
+            *request.row_fields(),
             request.idempotency_key,
             request.run_at,
             request.delay,

@@ -61,14 +61,7 @@ class UniqueRows(StoreBase):
         for _ in range(ATTEMPTS):
             row = await self._fetchrow(
                 "insert_unique_job",
-                request.id,
-                request.type,
-                request.queue,
-                request.tenant,
-                request.args,
-                request.priority,
-                request.max_attempts,
-                request.timeout,
+                *request.row_fields(),
                 request.idempotency_key,
                 relay_grace,
                 unique.key,
@@ -90,14 +83,7 @@ class UniqueRows(StoreBase):
         for _ in range(ATTEMPTS):
             row = await self._fetchrow(
                 "admit_unique_delivery",
-                request.id,
-                request.type,
-                request.queue,
-                request.tenant,
-                request.args,
-                request.priority,
-                request.max_attempts,
-                request.timeout,
+                *request.row_fields(),
                 request.idempotency_key,
                 unique.key,
                 list(opts.states),

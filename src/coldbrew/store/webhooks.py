@@ -21,14 +21,7 @@ class WebhookRows(StoreBase):
         this one; the claim that follows finds the row."""
         await self._execute(
             "record_webhook_job",
-            request.id,
-            request.type,
-            request.queue,
-            request.tenant,
-            request.args,
-            request.priority,
-            request.max_attempts,
-            request.timeout,
+            *request.row_fields(),
             request.idempotency_key,
             relay_grace,
             request.run_at,
