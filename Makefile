@@ -14,7 +14,7 @@ TESTS := tests
 PYTEST_ARGS ?=
 # pytest-xdist processes of make test's parallel phase (0: one process); JUNIT: a junit
 # XML report of both phases (both also from the environment)
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 JUNIT ?=
 BENCH_ARGS ?=
 # make image-test IMAGE_TEST_ARGS=--single  (or --compose)

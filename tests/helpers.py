@@ -66,7 +66,7 @@ def make_settings(namespace: str, **overrides: Any) -> Settings:
         "tenant_resync_seconds": 2.0,
         "processes": 2,
         "concurrency": 50,
-        # small pools: four test processes side by side, each starting workers of its own,
+        # small pools: three or four test processes side by side, each starting workers of its own,
         # must stay under the shared server's max_connections (100)
         "db_pool_size": 5,
         "log_format": "json",
