@@ -275,7 +275,7 @@ WHERE id IN (
 );
 
 -- name: request_cancel
--- Cancel a waiting (queued, retrying or scheduled) job at once, or flag a running one for its worker ($1 id, $2 reason)
+-- Cancel waiting (queued, retrying or scheduled) jobs at once, flag running ones for their workers; rows locked in id order, so two cancels of overlapping sets (a job's, a batch's) cannot deadlock; returns the rows it changed ($1 ids, $2 reason)
 UPDATE jobs
 SET status = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN 'cancelled'::job_status
                   ELSE status END,
@@ -288,7 +288,9 @@ SET status = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN 'cance
     cancel_requested = true,
     cancel_reason = $2,
     updated_at = now()
-WHERE id = $1 AND status IN ('queued', 'retrying', 'scheduled', 'running')
+WHERE id IN (SELECT id FROM jobs
+             WHERE id = ANY($1::text[]) AND status IN ('queued', 'retrying', 'scheduled', 'running')
+             ORDER BY id FOR UPDATE)
 RETURNING *;
 
 -- name: claim_once

@@ -129,14 +129,16 @@ class BatchRows(StoreBase):
         """Flag the batch (no member can be added from then on), then cancel its unfinished
         members as ``request_cancel`` does; returns how many members it touched.
 
-        Two transactions, in this order: the flag first (after it commits, an add waits
-        for nothing and sees it), then the members, which lock member rows before the
-        trigger locks the batch row, the order every completion takes too.
+        In this order: the flag commits first (after it, an add waits for nothing and sees
+        it), then the members go through ``request_cancel`` (the one cancel statement),
+        which locks member rows in id order before the trigger locks the batch row, the
+        order every completion takes too. A member that ends between the two reads is
+        left alone by the cancel's own status check.
         """
         if await self._fetchrow("flag_batch_cancel", batch_id) is None:
             raise BatchNotFound(batch_id)
-        touched: int = await self._fetchval("cancel_batch_members", batch_id, reason)
-        return touched
+        ids = [row["id"] for row in await self._fetch("unfinished_member_ids", batch_id)]
+        return len(await self._fetch("request_cancel", ids, reason)) if ids else 0
 
     async def add_member(self, adder_id: str, attempt: int, request: ClaimRequest) -> bool:
         """Insert ``request`` into the batch of running member ``adder_id`` and raise the

@@ -76,7 +76,7 @@ class JobRows(StoreBase):
         return [JobRecord.from_row(row) for row in await self._fetch("get_jobs", list(ids))]
 
     async def request_cancel(self, job_id: str, reason: str) -> JobRecord:
-        row = await self._fetchrow("request_cancel", job_id, reason)
+        row = await self._fetchrow("request_cancel", [job_id], reason)
         if row is None:
             record = await self.get_job(job_id)  # raises JobNotFound, or shows the final status
             if record.id != job_id:  # a raw unique duplicate's message id: cancel its job

@@ -41,27 +41,10 @@ SELECT id FROM jobs WHERE batch_id = $1 ORDER BY created_at, id LIMIT $2;
 -- Mark a batch cancelled: from now on no member can be added (ctx.batch.add); returns the batch ($1 id)
 UPDATE batches SET cancel_requested = true, updated_at = now() WHERE id = $1 RETURNING *;
 
--- name: cancel_batch_members
--- request_cancel for every unfinished member of a batch: a waiting one is cancelled at once, a running one flagged for its worker's heartbeat; returns how many it touched ($1 batch id, $2 reason)
-WITH touched AS (
-    UPDATE jobs
-    SET status = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN 'cancelled'::job_status
-                      ELSE status END,
-        finished_at = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN now() ELSE finished_at END,
-        error_kind = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN 'cancelled' ELSE error_kind END,
-        error_message = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN $2 ELSE error_message END,
-        publish_after = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN NULL ELSE publish_after END,
-        progress_message = CASE WHEN status IN ('queued', 'retrying', 'scheduled') THEN NULL
-                                ELSE progress_message END,
-        cancel_requested = true,
-        cancel_reason = $2,
-        updated_at = now()
-    WHERE id IN (SELECT id FROM jobs
-                 WHERE batch_id = $1 AND status IN ('queued', 'retrying', 'scheduled', 'running')
-                 ORDER BY id FOR UPDATE)
-    RETURNING 1
-)
-SELECT count(*) FROM touched;
+-- name: unfinished_member_ids
+-- The ids of a batch's members that a cancel still touches (waiting or running); request_cancel cancels them ($1 batch id)
+SELECT id FROM jobs
+WHERE batch_id = $1 AND status IN ('queued', 'retrying', 'scheduled', 'running');
 
 -- name: lock_adding_member
 -- ctx.batch.add: the adding member's batch, if this attempt still holds the member; locks the member (so it cannot finish meanwhile) and the batch row (so a cancel or the last member's completion waits for the add) ($1 member id, $2 attempt)
