@@ -80,6 +80,9 @@ def test_most_in_a_window_counts_half_open_windows() -> None:
     assert most_in_a_window([0, 1, 2], 1.0) == 1
 
 
+# exclusive: it measures a rate over two workers in wall time; beside other test processes
+# the measured span drifted (failed once in the parallel phase, passes alone)
+@pytest.mark.exclusive
 async def test_tenant_rate_holds_across_two_workers_without_holding_slots(
     start_worker: WorkerFactory, rl_client: Client, settings: Settings, rl_app: Any
 ) -> None:
