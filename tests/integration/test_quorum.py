@@ -34,6 +34,7 @@ from tests.helpers import (
     publish_raw,
     status_is,
     wait_until,
+    worker_env,
 )
 
 
@@ -295,3 +296,41 @@ async def test_switch_refuses_while_old_workers_consume(settings: Settings, test
 
 async def _succeeded_at_least(settings: Settings, count: int) -> bool:
     return await _succeeded(settings) >= count
+
+
+async def test_the_cli_switches_and_refuses_with_exit_codes(
+    settings: Settings, client: Client, test_app: Any
+) -> None:
+    """`coldbrew queues migrate`: exit 2 and one line while a classic worker consumes; then,
+    with the worker gone, exit 0 and a JSON report; the job runs on a quorum worker."""
+    import subprocess
+    import sys
+
+    worker, task = await _run(settings, test_app)
+    env = worker_env(settings)
+    command = [sys.executable, "-m", "coldbrew", "queues", "migrate", "--to", "quorum", "--json"]
+    try:
+        refused = await asyncio.to_thread(
+            subprocess.run, command, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert "still have consumers" in refused.stderr
+        assert "Traceback" not in refused.stderr
+    finally:
+        await _stop(worker, task)
+    job = await client.submit("echo", {"value": 7}, priority=6)
+    done = await asyncio.to_thread(
+        subprocess.run, command, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["messages_moved"] == 1
+    assert report["moved_by_queue"] == {settings.topology().job_queue("default", "default"): 1}
+    assert (
+        await _ready(settings.topology().other("quorum").band_queue("default", "default", 1)) == 1
+    )
+    worker, task = await _run(settings, test_app, queue_type="quorum")
+    try:
+        await wait_until(lambda: status_is(client, job.id, "succeeded"))
+    finally:
+        await _stop(worker, task)
