@@ -248,7 +248,7 @@ async def one_run(cfg: Config, mode: str) -> dict[str, Any]:
                 )
     finally:
         progress(f"{mode}: deleting everything")
-        pairs = [("default", f"t{i}") for i in range(cfg.tenants)]
+        pairs = [("default", "default")] + [("default", f"t{i}") for i in range(cfg.tenants)]
         await delete_broker_entities(
             cfg.amqp_url,
             topo.every_queue_name(pairs),
