@@ -66,6 +66,16 @@ def connection_settings(namespace: str) -> dict[str, str]:
     return {"search_path": namespace, "application_name": f"coldbrew:{namespace}"}
 
 
+def server_node(conn: asyncpg.Connection) -> str:
+    """``host:port`` (or the socket path) ``conn`` is connected to: which of a multi-host
+    URL's hosts. asyncpg keeps the address it connected to in ``_addr`` (0.2x to 0.32)."""
+    addr = getattr(conn, "_addr", None)
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host = str(addr[0])
+        return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+    return str(addr) if addr else "unknown"
+
+
 def _encode_json(value: Any) -> str:
     return value if type(value) is RawJSON else json.dumps(value)
 
@@ -233,6 +243,9 @@ class Database:
             self.dsn, server_settings=settings, timeout=10, command_timeout=60
         )
         await init_connection(conn)
+        # after a failover, the first connection to the promoted standby records its
+        # timeline, so that every connection reads one server_started() for it (0019)
+        await conn.execute(QUERIES["note_server_epoch"].text)
         self._batch_servers[name] = await conn.fetchval(QUERIES["server_started"].text)
         self._batch_conns[name] = conn
         return conn
