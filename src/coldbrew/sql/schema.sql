@@ -571,3 +571,56 @@ CREATE TRIGGER jobs_attempt_ended AFTER UPDATE OF status ON jobs
 CREATE INDEX jobs_search_created ON jobs (created_at, id);
 CREATE INDEX jobs_search_tenant ON jobs (tenant, created_at, id);
 CREATE INDEX jobs_search_status ON jobs (status, created_at, id);
+
+-- Paused lanes, the shared CSRF secret and the error-text trigram index (0016: see
+-- the migration for why pg_trgm lives in its own schema).
+CREATE TABLE lanes (
+    name        text PRIMARY KEY,
+    paused      boolean NOT NULL DEFAULT false,
+    changed_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE dashboard_secrets (
+    name        text PRIMARY KEY,
+    secret      bytea NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+DO $$
+DECLARE
+    ext_schema name;
+BEGIN
+    SELECT n.nspname INTO ext_schema
+    FROM pg_extension AS e JOIN pg_namespace AS n ON n.oid = e.extnamespace
+    WHERE e.extname = 'pg_trgm';
+    IF ext_schema IS NULL THEN
+        BEGIN
+            CREATE SCHEMA IF NOT EXISTS coldbrew_extensions;
+            CREATE EXTENSION IF NOT EXISTS pg_trgm SCHEMA coldbrew_extensions;
+        EXCEPTION WHEN OTHERS THEN
+            -- another namespace's migration may have created it meanwhile: use that one
+            SELECT n.nspname INTO ext_schema
+            FROM pg_extension AS e JOIN pg_namespace AS n ON n.oid = e.extnamespace
+            WHERE e.extname = 'pg_trgm';
+            IF ext_schema IS NULL THEN
+                RAISE EXCEPTION 'coldbrew migration 0016 needs the PostgreSQL extension pg_trgm '
+                    '(the dashboard''s error-text search) and could not create it: %', SQLERRM
+                    USING HINT = 'as a role that may, run in this database: CREATE SCHEMA IF NOT '
+                        'EXISTS coldbrew_extensions; CREATE EXTENSION pg_trgm SCHEMA '
+                        'coldbrew_extensions; (Debian/Ubuntu ship it in postgresql-contrib) '
+                        'then run coldbrew migrate again';
+            END IF;
+        END;
+        IF ext_schema IS NULL THEN
+            SELECT n.nspname INTO ext_schema
+            FROM pg_extension AS e JOIN pg_namespace AS n ON n.oid = e.extnamespace
+            WHERE e.extname = 'pg_trgm';
+        END IF;
+    END IF;
+    EXECUTE format(
+        'CREATE INDEX jobs_search_error ON jobs USING gin ('
+        '(lower(coalesce(error_kind, '''') || '' '' || coalesce(error_message, '''') '
+        '|| '' '' || coalesce(dead_reason, ''''))) %I.gin_trgm_ops)',
+        ext_schema);
+END;
+$$;
