@@ -224,3 +224,20 @@ async def test_sessions_expire_and_each_request_is_logged(
         await asyncio.sleep(1.2)
         expired = await http.get("/dashboard", headers=cookie)
         assert (expired.status_code, expired.headers["location"]) == (303, "/dashboard/login")
+
+
+async def test_a_form_signed_by_one_api_replica_is_accepted_by_another(client: Client) -> None:
+    """Two API apps (two replicas behind a load balancer, each with its own state): the
+    session opened and the form's CSRF token signed by one is accepted by the other, since
+    the key is the namespace's (dashboard_secrets), not the process's; a forged token is
+    still refused there."""
+    job_id = await queued_job(client)
+    async with api_client(client) as first, api_client(client) as second:
+        cookie = await sign_in(first, ACME_KEY)
+        token = await confirm(first, cookie, action="cancel", job_id=job_id)
+        form = {"action": "cancel", "job_id": job_id}
+        forged = await second.post("/dashboard/act", data={**form, "csrf": "0" * 64}, headers=cookie)
+        assert forged.status_code == 403
+        done = await second.post("/dashboard/act", data={**form, "csrf": token}, headers=cookie)
+        assert done.status_code == 303, done.text
+    assert (await client.get(job_id)).status is Status.CANCELLED

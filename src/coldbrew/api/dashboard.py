@@ -85,11 +85,11 @@ async def _user(request: Request) -> BrowserUser | None:
     return await browser_user(request, state.keys, state.client.store.dashboard)
 
 
-def _csrf_of(request: Request, user: BrowserUser) -> str | None:
+async def _csrf_of(request: Request, user: BrowserUser) -> str | None:
     """The CSRF token of the user's session; None for a Bearer script (it cannot act)."""
     if user.session_token is None:
         return None
-    return _state(request).csrf.token(user.session_token)
+    return (await _state(request).csrf.signer()).token(user.session_token)
 
 
 def _done(request: Request) -> str | None:
@@ -113,7 +113,7 @@ async def dashboard(request: Request) -> Response:
             response.delete_cookie(DASHBOARD_COOKIE, path="/dashboard")
         return response
     overview = await collect(state.client.store, user.principal, state.rates)
-    csrf = None if state.keys.insecure_no_auth else _csrf_of(request, user)
+    csrf = None if state.keys.insecure_no_auth else await _csrf_of(request, user)
     page = render.dashboard_page(
         overview,
         logout_csrf=csrf,
@@ -251,7 +251,7 @@ async def confirm(request: Request) -> Response:
     user = await _user(request)
     if user is None:
         return _to_login()
-    csrf = _csrf_of(request, user)
+    csrf = await _csrf_of(request, user)
     if csrf is None:
         return _html(pages.error_page("acting needs a signed-in session (not a Bearer key)"), 403)
     try:
@@ -273,7 +273,7 @@ async def act(request: Request) -> Response:
     user = await _user(request)
     if user is None or user.session_token is None:
         raise ApiError(403, "csrf_failed", "acting needs a signed-in dashboard session")
-    state.csrf.check(user.session_token, form.get("csrf"))
+    (await state.csrf.signer()).check(user.session_token, form.get("csrf"))
     try:
         action = parse_action(form, user)
         outcome = await carry_out(action, state.client, user)
@@ -335,7 +335,7 @@ async def logout(request: Request) -> Response:
     form = await _posted_form(request, frozenset({"csrf"}))
     token = request.cookies.get(DASHBOARD_COOKIE, "")
     if token:
-        state.csrf.check(token, form.get("csrf"))
+        (await state.csrf.signer()).check(token, form.get("csrf"))
         await state.client.store.dashboard.revoke_session(token_hash(token))
     response = _to_login()
     response.delete_cookie(DASHBOARD_COOKIE, path="/dashboard", httponly=True, samesite="strict")

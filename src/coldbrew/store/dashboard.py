@@ -10,6 +10,7 @@ replaying one tenant's dead jobs by reason (``dlq_replay`` spans tenants).
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -125,6 +126,13 @@ class DashboardStore(StoreBase):
 
     async def revoke_session(self, token_hash: bytes) -> bool:
         return bool(await self._fetchval("session_revoke", token_hash))
+
+    async def shared_secret(self, name: str) -> bytes:
+        """The namespace's secret ``name`` (32 random bytes), drawn by whichever API replica
+        asks first and the same for every replica after it (the CSRF key)."""
+        await self._execute("secret_offer", name, secrets.token_bytes(32))
+        secret: bytes = await self._fetchval("secret_get", name)
+        return secret
 
     async def record(
         self,

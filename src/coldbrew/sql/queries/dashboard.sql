@@ -162,3 +162,11 @@ GROUP BY 1, 2;
 -- name: job_page_extras
 -- What a job's page shows beyond its status JSON: its checkpoint and the worker that holds or held it ($1 job id)
 SELECT checkpoint, worker_id FROM jobs WHERE id = $1;
+
+-- name: secret_offer
+-- Store a namespace-wide dashboard secret unless one of that name exists: the first API replica's wins ($1 name, $2 random bytes)
+INSERT INTO dashboard_secrets (name, secret) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING;
+
+-- name: secret_get
+-- The namespace-wide dashboard secret of a name, as every API replica reads it ($1 name)
+SELECT secret FROM dashboard_secrets WHERE name = $1;
