@@ -236,8 +236,50 @@ async def test_a_form_signed_by_one_api_replica_is_accepted_by_another(client: C
         cookie = await sign_in(first, ACME_KEY)
         token = await confirm(first, cookie, action="cancel", job_id=job_id)
         form = {"action": "cancel", "job_id": job_id}
-        forged = await second.post("/dashboard/act", data={**form, "csrf": "0" * 64}, headers=cookie)
-        assert forged.status_code == 403
+        refused = await second.post(
+            "/dashboard/act", data={**form, "csrf": "0" * 64}, headers=cookie
+        )
+        assert refused.status_code == 403
         done = await second.post("/dashboard/act", data={**form, "csrf": token}, headers=cookie)
         assert done.status_code == 303, done.text
     assert (await client.get(job_id)).status is Status.CANCELLED
+
+
+async def test_pause_and_resume_a_lane_with_confirmation_csrf_and_audit(client: Client) -> None:
+    """Every-tenant access pauses and resumes a lane through the confirm page, each step
+    audited; a tenant's key is refused (a lane holds every tenant's jobs), and a bad lane
+    name gets the CLI's message."""
+    await client.submit("echo", tenant="acme", queue="parked")
+    async with api_client(client) as http:
+        cookie = await sign_in(http, ACME_KEY)
+        refused = await http.get(
+            "/dashboard/confirm", params={"action": "lane_pause", "lane": "parked"}, headers=cookie
+        )
+        assert refused.status_code == 403 and "lane_needs_every_tenant" in refused.text
+    async with api_client(client, OPEN) as http:
+        bad = await http.get("/dashboard/confirm", params={"action": "lane_pause", "lane": "a b"})
+        assert bad.status_code == 422 and "lane name &#x27;a b&#x27; must match" in bad.text
+        overview = (await http.get("/dashboard")).text
+        assert "action=lane_pause&amp;lane=parked" in overview
+        token = await confirm(http, {}, action="lane_pause", lane="parked")
+        form = {"action": "lane_pause", "lane": "parked"}
+        assert (await http.post("/dashboard/act", data=form)).status_code == 403  # no token
+        done = await http.post("/dashboard/act", data={**form, "csrf": token})
+        assert done.status_code == 303
+        assert "Pause lane parked" in unescape(done.headers["location"].replace("+", " "))
+        assert [
+            lane.paused for lane in await client.store.tenants.list_lanes() if lane.name == "parked"
+        ] == [True]
+        data = (await http.get("/dashboard.json")).json()
+        assert data["paused_lanes"] == ["parked"]
+        assert "action=lane_resume&amp;lane=parked" in (await http.get("/dashboard")).text
+        token = await confirm(http, {}, action="lane_resume", lane="parked")
+        form = {"action": "lane_resume", "lane": "parked", "csrf": token}
+        assert (await http.post("/dashboard/act", data=form)).status_code == 303
+    lanes = {lane.name: lane.paused for lane in await client.store.tenants.list_lanes()}
+    assert lanes["parked"] is False
+    audit = await client.store.dashboard.audit_recent(None)
+    assert [(a.action, a.target, a.outcome) for a in audit[:2]] == [
+        ("lane_resume", "lane parked", "resumed"),
+        ("lane_pause", "lane parked", "paused"),
+    ]

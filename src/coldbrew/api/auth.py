@@ -16,9 +16,9 @@ restarted, checks a form another signed, and no other site can compute it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
-import asyncio
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -140,7 +140,7 @@ class CsrfSigner:
             )
 
 
-CSRF_SECRET = "csrf"
+CSRF_SECRET = "csrf"  # noqa: S105 - the name of a stored secret, not a secret
 """The name of the CSRF key in ``dashboard_secrets``."""
 
 

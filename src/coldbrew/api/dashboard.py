@@ -47,7 +47,9 @@ CHART_SECONDS = 15.0
 FORM_BODY_LIMIT = 4096
 FORM_MAX_FIELDS = 10  # more is not one of the dashboard's forms: 400 invalid_form
 LOGIN_FIELDS = frozenset({"key"})
-ACTION_FIELDS = frozenset({"csrf", "action", "job_id", "tenant", "reason", "weight", "max_running"})
+ACTION_FIELDS = frozenset(
+    {"csrf", "action", "job_id", "tenant", "lane", "reason", "weight", "max_running"}
+)
 CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"

@@ -137,7 +137,5 @@ class HistoryStore(StoreBase):
         )
         counts["dashboard_sessions", "any"] = await self._fetchval("count_prunable_sessions")
         if audit_seconds is not None:
-            counts["audit_log", "any"] = await self._fetchval(
-                "count_prunable_audit", audit_seconds
-            )
+            counts["audit_log", "any"] = await self._fetchval("count_prunable_audit", audit_seconds)
         return counts

@@ -174,6 +174,20 @@ class TenantSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class LaneSettings:
+    """A lane's fleet-wide state: paused lanes' deliveries are held unclaimed."""
+
+    name: str
+    paused: bool
+    changed_at: datetime | None
+    """When it was last paused or resumed; None: never (a lane known from its types or queues)."""
+
+    @classmethod
+    def from_row(cls, row: Any) -> LaneSettings:
+        return cls(row["name"], row["paused"], row["changed_at"])
+
+
+@dataclass(frozen=True, slots=True)
 class JobTypeSettings:
     name: str
     max_running: int | None
