@@ -3,11 +3,14 @@ worker, for every tenant, while other lanes run; resumed, they run once."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.helpers import WorkerFactory, status_is, wait_until
+from coldbrew.topology import Topology
+from tests.helpers import WorkerFactory, metric, status_is, wait_until
 from tests.integration.test_cron import cli
 
 
@@ -38,3 +41,24 @@ async def test_a_paused_lane_holds_its_jobs_and_others_run(
         assert (final.status, final.attempt) == ("succeeded", 1)
     code, _, err = await cli(capsys, settings, "lanes", "pause", "no such lane")
     assert code == 2 and "lane name 'no such lane' must match" in err
+
+
+async def test_start_latency_counts_from_when_the_job_became_due(
+    start_worker: WorkerFactory, client: Client, settings: Settings
+) -> None:
+    """A job held 1.5 s by its paused lane is observed in coldbrew_job_start_latency_seconds
+    with at least that wait (from its creation), a job that starts at once with little."""
+    worker = await start_worker()
+    channel = Topology(settings.namespace).tenant_channel
+    await client.store.tenants.set_lane_paused("slow", True, channel=channel)
+    held = await client.submit("cpu_sleep", {"seconds": 0.0})
+    quick = await client.submit("echo", {"value": 1})
+    assert (await client.wait(quick.id, timeout=20)).status == "succeeded"
+    await asyncio.sleep(1.5)  # the wait being measured, not a wait for a condition
+    await client.store.tenants.set_lane_paused("slow", False, channel=channel)
+    assert (await client.wait(held.id, timeout=30)).status == "succeeded"
+    name = "coldbrew_job_start_latency_seconds"
+    assert metric(worker, f"{name}_count", queue="slow", type="cpu_sleep") == 1
+    assert metric(worker, f"{name}_sum", queue="slow", type="cpu_sleep") >= 1.5
+    assert metric(worker, f"{name}_count", queue="default", type="echo") == 1
+    assert metric(worker, f"{name}_sum", queue="default", type="echo") < 1.5
