@@ -8,6 +8,7 @@ import re
 import uuid
 from html import unescape
 
+import asyncpg
 import httpx
 import pytest
 import structlog
@@ -15,9 +16,11 @@ import structlog
 from coldbrew.api import accesslog
 from coldbrew.api.auth import DASHBOARD_COOKIE, KeyRing
 from coldbrew.client import Client
+from coldbrew.flow import chain, chain_step_id, step
 from coldbrew.model import Status
+from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest
-from tests.helpers import WorkerFactory, wait_until
+from tests.helpers import DATABASE_URL, WorkerFactory, wait_until
 from tests.integration.test_api import ACME, ACME_KEY, GLOBEX_KEY, api_client
 
 CSRF_RE = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
@@ -283,3 +286,48 @@ async def test_pause_and_resume_a_lane_with_confirmation_csrf_and_audit(client: 
         ("lane_resume", "lane parked", "resumed"),
         ("lane_pause", "lane parked", "paused"),
     ]
+
+
+async def test_a_jobs_page_shows_its_parent_children_batch_and_chain_step(
+    client: Client, settings: Settings
+) -> None:
+    """Read from the existing columns: a parent's page counts its children by status and
+    links them, a child's links its parent, a batch member's shows the batch's counts, and
+    a chain step's says which step of how many; a plain job's page has none of it."""
+    parent = await queued_job(client)
+    conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": settings.namespace})
+    try:
+        await conn.execute(
+            "INSERT INTO jobs (id, type, queue, tenant, status, max_attempts, parent_id)"
+            " SELECT $1 || '-child-' || s, 'echo', 'parked', 'acme',"
+            " (CASE WHEN s <= 2 THEN 'succeeded' ELSE 'queued' END)::job_status, 3, $1"
+            " FROM generate_series(1, 3) AS s",
+            parent,
+        )
+    finally:
+        await conn.close()
+    batch = await client.batch(
+        [("echo", {"value": 1}), ("echo", {"value": 2})], tenant="acme", description="nightly"
+    )
+    chained = await client.submit_chain(
+        chain(
+            step("echo", {"value": 1}),
+            step("echo", result_arg="value"),
+            step("noop", result_arg=None),
+            tenant="acme",
+        )
+    )
+    first_step = chain_step_id(chained["id"], 0)
+    async with api_client(client, OPEN) as http:
+        page = unescape((await http.get(f"/dashboard/jobs/{parent}")).text)
+        assert "3 in all: queued 1 · succeeded 2" in page
+        assert f"/dashboard/jobs/{parent}-child-3" in page
+        child = unescape((await http.get(f"/dashboard/jobs/{parent}-child-1")).text)
+        assert f'id=parent>Spawned by <a href="/dashboard/jobs/{parent}"' in child
+        member = unescape((await http.get(f"/dashboard/jobs/{batch.member_ids[0]}")).text)
+        assert f"Member of batch <code>{batch.id}</code> (nightly): running, 2 members" in member
+        assert "queued 2" in member
+        step_page = unescape((await http.get(f"/dashboard/jobs/{first_step}")).text)
+        assert f"Step 1 of 3 of chain <code>{chained['id']}</code> (running)" in step_page
+        plain = (await http.get(f"/dashboard/jobs/{await queued_job(client)}")).text
+        assert "Related jobs" not in plain

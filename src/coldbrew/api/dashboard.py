@@ -38,7 +38,14 @@ from coldbrew.api.errors import ApiError
 from coldbrew.api.overview import collect
 from coldbrew.api.routes import event_stream
 from coldbrew.api.search import PAGE_SIZE, next_cursor, parse_search
-from coldbrew.errors import ConfigurationError, InvalidRequest, JobNotFound
+from coldbrew.errors import (
+    BatchNotFound,
+    ChainNotFound,
+    ConfigurationError,
+    InvalidRequest,
+    JobNotFound,
+)
+from coldbrew.model import JobRecord
 
 if TYPE_CHECKING:
     from coldbrew.api.app import ApiState
@@ -200,8 +207,38 @@ async def dashboard_job(request: Request) -> Response:
         checkpoint=checkpoint,
         worker_id=worker_id,
         message=_done(request),
+        family=await _family(state, record, user.principal),
     )
     return _html(page, headers=JOB_PAGE_HEADERS)
+
+
+CHILDREN_LISTED = 50
+
+
+async def _family(state: ApiState, record: JobRecord, principal: Principal) -> pages.Family:
+    """The job's first children, its batch and its chain, each read only when it names one
+    (a plain job costs nothing more); a batch or chain of another tenant is not shown."""
+    store = state.client.store
+    children = []
+    if record.children:
+        children = await store.dashboard.children(record.id, CHILDREN_LISTED)
+    batch = None
+    if record.batch_id is not None:
+        try:
+            batch = await store.batches.get(record.batch_id)
+        except BatchNotFound:
+            batch = None  # pruned, or not committed yet
+        if batch is not None and not principal.may_see(batch.tenant):
+            batch = None
+    chain = None
+    if record.chain_id is not None:
+        try:
+            chain = await store.flow.get_chain(record.chain_id)
+        except ChainNotFound:
+            chain = None
+        if chain is not None and not principal.may_see(str(chain["tenant"])):
+            chain = None
+    return pages.Family(children, batch, chain)
 
 
 async def dashboard_job_events(request: Request) -> Response:

@@ -172,6 +172,11 @@ class DashboardStore(StoreBase):
         row = await self._fetchrow("job_page_extras", job_id)
         return (None, None) if row is None else (row["checkpoint"], row["worker_id"])
 
+    async def children(self, parent_id: str, limit: int) -> list[tuple[str, str, str]]:
+        """The first ``limit`` children of a job: ``(id, type, status)``, oldest first."""
+        rows = await self._fetch("children_page", parent_id, limit)
+        return [(row["id"], row["type"], row["status"]) for row in rows]
+
     async def search(
         self, where: SearchFilter, cursor: tuple[datetime, str] | None, limit: int
     ) -> list[JobSummary]:

@@ -170,3 +170,10 @@ INSERT INTO dashboard_secrets (name, secret) VALUES ($1, $2) ON CONFLICT (name) 
 -- name: secret_get
 -- The namespace-wide dashboard secret of a name, as every API replica reads it ($1 name)
 SELECT secret FROM dashboard_secrets WHERE name = $1;
+
+-- name: children_page
+-- The first child jobs of one job for its page, oldest first, by jobs_parent ($1 parent id, $2 limit)
+SELECT id, type, status::text AS status FROM jobs
+WHERE parent_id = $1
+ORDER BY created_at, id
+LIMIT $2;
