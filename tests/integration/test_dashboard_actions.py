@@ -331,3 +331,45 @@ async def test_a_jobs_page_shows_its_parent_children_batch_and_chain_step(
         assert f"Step 1 of 3 of chain <code>{chained['id']}</code> (running)" in step_page
         plain = (await http.get(f"/dashboard/jobs/{await queued_job(client)}")).text
         assert "Related jobs" not in plain
+
+
+async def test_error_text_search_matches_literally_through_the_trigram_index(
+    client: Client, settings: Settings
+) -> None:
+    """The error text is a literal, not a pattern (% and _ match only themselves), matched
+    case-insensitively in the kind, message and dead reason, with the other filters; a text
+    under three characters (no trigram) takes the walk and finds the same rows."""
+    conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": settings.namespace})
+    try:
+        await conn.execute(
+            "INSERT INTO jobs (id, type, queue, tenant, status, max_attempts, error_kind,"
+            " error_message, dead_reason) VALUES"
+            " ('e1', 'echo', 'parked', 'acme', 'failed', 3, 'Sale', 'got 50%_OFF today', NULL),"
+            " ('e2', 'echo', 'parked', 'acme', 'failed', 3, 'Sale', 'got 500 off today', NULL),"
+            " ('e3', 'echo', 'parked', 'acme', 'dead', 3, NULL, NULL, 'Back\\slash 50%_off'),"
+            " ('e4', 'echo', 'parked', 'globex', 'dead', 3, NULL, NULL, '50%_off')"
+        )
+        await conn.execute("SET enable_seqscan = off")  # a tiny table would be scanned
+        explained = await conn.fetch(
+            "EXPLAIN SELECT id FROM jobs WHERE lower(coalesce(error_kind, '') || ' ' ||"
+            " coalesce(error_message, '') || ' ' || coalesce(dead_reason, ''))"
+            " LIKE '%50\\%\\_off%' AND (error_kind IS NOT NULL OR error_message IS NOT NULL"
+            " OR dead_reason IS NOT NULL)"
+        )
+        plan = "\n".join(row[0] for row in explained)
+    finally:
+        await conn.close()
+    async with api_client(client) as http:
+        cookie = await sign_in(http, ACME_KEY)
+
+        async def found(**params: str) -> list[str]:
+            page = await http.get("/dashboard/jobs", params=params, headers=cookie)
+            assert page.status_code == 200, page.text
+            return sorted(re.findall(r'href="/dashboard/jobs/(e\d)"', page.text))
+
+        assert await found(error="50%_off") == ["e1", "e3"]
+        assert await found(error="50%_off", status="dead") == ["e3"]
+        assert await found(error="k\\slash") == ["e3"]
+        assert await found(error="SALE") == ["e1", "e2"]
+        assert await found(error="%") == ["e1", "e3"]  # one character: the walk, literally too
+    assert "jobs_search_error" in plan

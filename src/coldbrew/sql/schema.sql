@@ -620,7 +620,9 @@ BEGIN
     EXECUTE format(
         'CREATE INDEX jobs_search_error ON jobs USING gin ('
         '(lower(coalesce(error_kind, '''') || '' '' || coalesce(error_message, '''') '
-        '|| '' '' || coalesce(dead_reason, ''''))) %I.gin_trgm_ops)',
+        '|| '' '' || coalesce(dead_reason, ''''))) %I.gin_trgm_ops) '
+        'WITH (fastupdate = off) '
+        'WHERE error_kind IS NOT NULL OR error_message IS NOT NULL OR dead_reason IS NOT NULL',
         ext_schema);
 END;
 $$;

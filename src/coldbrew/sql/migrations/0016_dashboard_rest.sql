@@ -20,6 +20,11 @@
 -- and the opclass is referenced by that schema's name; the operators LIKE uses are
 -- pg_catalog's, so no search_path needs the extension's schema. A role that can create
 -- neither gets one clear error naming what to run.
+--
+-- The index is partial (only rows with an error kind, message or dead reason: a job
+-- that never failed is not in it, so its claims and completions, which do not move it
+-- HOT-ly, add no GIN entry) and has fastupdate off (no pending list that every search
+-- would scan until a vacuum flushes it).
 
 CREATE TABLE lanes (
     name        text PRIMARY KEY,
@@ -67,7 +72,9 @@ BEGIN
     EXECUTE format(
         'CREATE INDEX jobs_search_error ON jobs USING gin ('
         '(lower(coalesce(error_kind, '''') || '' '' || coalesce(error_message, '''') '
-        '|| '' '' || coalesce(dead_reason, ''''))) %I.gin_trgm_ops)',
+        '|| '' '' || coalesce(dead_reason, ''''))) %I.gin_trgm_ops) '
+        'WITH (fastupdate = off) '
+        'WHERE error_kind IS NOT NULL OR error_message IS NOT NULL OR dead_reason IS NOT NULL',
         ext_schema);
 END;
 $$;
