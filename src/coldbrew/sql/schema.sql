@@ -607,22 +607,27 @@ BEGIN
                     '(the dashboard''s error-text search) and could not create it: %', SQLERRM
                     USING HINT = 'as a role that may, run in this database: CREATE SCHEMA IF NOT '
                         'EXISTS coldbrew_extensions; CREATE EXTENSION pg_trgm SCHEMA '
-                        'coldbrew_extensions; (Debian/Ubuntu ship it in postgresql-contrib) '
+                        'coldbrew_extensions; (Debian and Ubuntu ship it in postgresql-contrib) '
                         'then run coldbrew migrate again';
             END IF;
         END;
-        IF ext_schema IS NULL THEN
-            SELECT n.nspname INTO ext_schema
-            FROM pg_extension AS e JOIN pg_namespace AS n ON n.oid = e.extnamespace
-            WHERE e.extname = 'pg_trgm';
-        END IF;
+        SELECT n.nspname INTO ext_schema
+        FROM pg_extension AS e JOIN pg_namespace AS n ON n.oid = e.extnamespace
+        WHERE e.extname = 'pg_trgm';
     END IF;
-    EXECUTE format(
-        'CREATE INDEX jobs_search_error ON jobs USING gin ('
-        '(lower(coalesce(error_kind, '''') || '' '' || coalesce(error_message, '''') '
-        '|| '' '' || coalesce(dead_reason, ''''))) %I.gin_trgm_ops) '
-        'WITH (fastupdate = off) '
-        'WHERE error_kind IS NOT NULL OR error_message IS NOT NULL OR dead_reason IS NOT NULL',
-        ext_schema);
+    BEGIN
+        EXECUTE format(
+            'CREATE INDEX jobs_search_error ON jobs USING gin ('
+            '(lower(coalesce(error_kind, '''') || '' '' || coalesce(error_message, '''') '
+            '|| '' '' || coalesce(dead_reason, ''''))) %I.gin_trgm_ops) '
+            'WITH (fastupdate = off) '
+            'WHERE error_kind IS NOT NULL OR error_message IS NOT NULL OR dead_reason IS NOT NULL',
+            ext_schema);
+    EXCEPTION WHEN insufficient_privilege THEN
+        RAISE EXCEPTION 'coldbrew migration 0016 needs the PostgreSQL extension pg_trgm '
+            '(installed in schema %) and this role may not use it: %', ext_schema, SQLERRM
+            USING HINT = format('as a role that may, run in this database: GRANT USAGE ON '
+                'SCHEMA %I TO %I; then run coldbrew migrate again', ext_schema, current_user);
+    END;
 END;
 $$;
