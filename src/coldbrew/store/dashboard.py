@@ -205,9 +205,7 @@ class DashboardStore(StoreBase):
         since, until, text = where.created_from, where.created_to, where.error_text
         at, last = cursor if cursor is not None else (None, "")
         if text is not None and len(text) >= TRIGRAM:
-            rows = await self._search_error(
-                [t, st, ty, since, until, like_escape(text), at, last, limit]
-            )
+            rows = await self._search_error(where, like_escape(text), at, last, limit)
         elif st is not None:
             rows = await self._fetch(
                 "search_jobs_status", t, st, ty, since, until, text, at, last, limit
@@ -222,7 +220,9 @@ class DashboardStore(StoreBase):
             )
         return [JobSummary.from_row(row) for row in rows]
 
-    async def _search_error(self, args: list[Any]) -> list[asyncpg.Record]:
+    async def _search_error(
+        self, where: SearchFilter, pattern: str, at: datetime | None, last: str, limit: int
+    ) -> list[asyncpg.Record]:
         """An error-text page in two steps, each planned for its own parameters (custom
         plans: a generic plan cannot tell a rare text from a common one).
 
@@ -232,17 +232,41 @@ class DashboardStore(StoreBase):
         the rare matches wherever they are. The planner alone misjudged a common text
         as rare and fetched and sorted all 40,000 of its matches (216 ms, where the walk
         takes 3: bench/dashboard_search.py)."""
-        limit = args[-1]
+        t, st, ty = where.tenant, where.status, where.type
+        since, until = where.created_from, where.created_to
 
         async def op(conn: asyncpg.Connection) -> list[asyncpg.Record]:
             async with conn.transaction():
                 await conn.execute(QUERIES["custom_plans"].text)
                 rows: list[asyncpg.Record] = await conn.fetch(
-                    QUERIES["search_jobs_error_recent"].text, *args, RECENT_ROWS
+                    QUERIES["search_jobs_error_recent"].text,
+                    t,
+                    st,
+                    ty,
+                    since,
+                    until,
+                    pattern,
+                    at,
+                    last,
+                    limit,
+                    RECENT_ROWS,
                 )
                 if len(rows) >= limit:
                     return rows
-                return list(await conn.fetch(QUERIES["search_jobs_error"].text, *args))
+                return list(
+                    await conn.fetch(
+                        QUERIES["search_jobs_error"].text,
+                        t,
+                        st,
+                        ty,
+                        since,
+                        until,
+                        pattern,
+                        at,
+                        last,
+                        limit,
+                    )
+                )
 
         return await self._run(op)
 
