@@ -110,6 +110,7 @@ class JobHandles:
     duration: Histogram
     retries: Counter
     finished: Mapping[str, Counter]
+    start_latency: Histogram
 
     def finish(self, outcome: Outcome | Status, seconds: float | None = None) -> None:
         """Count the outcome (a final ``Status`` is its own label) and, when the job
@@ -204,6 +205,14 @@ class Metrics:
             "coldbrew_job_duration_seconds",
             "Wall time of one job attempt.",
             ["type"],
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self.job_start_latency = Histogram(
+            "coldbrew_job_start_latency_seconds",
+            "Seconds from when a job became due (created, or its run_at when scheduled or "
+            "retried) to its start, per attempt (PostgreSQL's clock for both).",
+            ["queue", "type"],
             buckets=DURATION_BUCKETS,
             registry=reg,
         )
@@ -513,6 +522,7 @@ class Metrics:
                 duration=self.job_duration.labels(type),
                 retries=self.retries.labels(type),
                 finished=MappingProxyType(finished),
+                start_latency=self.job_start_latency.labels(queue, type),
             )
             self._handles[key] = handles
         return handles

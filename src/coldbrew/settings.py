@@ -313,6 +313,9 @@ class Settings(BaseSettings):
     retention_failed: float | None = 7 * 86_400.0
     retention_dead: float | None = 30 * 86_400.0
     retention_cancelled: float | None = 7 * 86_400.0
+    # The dashboard's audit log (who did what, from the dashboard) is kept this long; its
+    # expired sessions go a day after they expire, whatever this says.
+    retention_audit: float | None = 90 * 86_400.0
     # how often the prune service looks, and the rows one of its statements deletes at most
     prune_interval_seconds: Annotated[float, Field(gt=0, le=86_400)] = 30.0
     prune_batch: Annotated[int, Field(ge=1, le=100_000)] = 1000
@@ -361,7 +364,7 @@ class Settings(BaseSettings):
             raise ValueError(str(exc).removeprefix("COLDBREW_CRON").lstrip(": ")) from None
         return value
 
-    @field_validator(*RETENTION_FIELDS, mode="before")
+    @field_validator(*RETENTION_FIELDS, "retention_audit", mode="before")
     @classmethod
     def _parse_retention(cls, value: Any) -> Any:
         return parse_retention(value)

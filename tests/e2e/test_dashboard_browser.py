@@ -3,7 +3,8 @@
 
 Signs in, checks that another tenant's jobs stay invisible, cancels a running job and
 watches its page turn ``cancelled`` through the event stream, replays a dead job by
-reason, pauses the tenant; a screenshot of each step goes to ``$CI_ARTIFACTS/screenshots``
+reason, pauses the tenant, then (on a second `coldbrew api` without auth: a lane is every
+tenant's) pauses and resumes a lane; a screenshot of each step goes to ``$CI_ARTIFACTS/screenshots``
 (``tests/artifacts/screenshots`` locally, gitignored). Skipped, with the reason, where
 Chromium or the ``playwright`` package is missing, except under CI (``.ci/run`` installs
 both), where that is a failure: a green CI must not hide a missing install step.
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +62,23 @@ def _screenshots() -> Path:
 @pytest.fixture
 async def api(settings: Settings, tmp_path: Path) -> AsyncIterator[str]:
     """``coldbrew api`` with one key per tenant; its base URL once /readyz answers."""
-    port = free_port()
     keys = f"{ACME_KEY}:acme,{GLOBEX_KEY}:globex"
-    env = cli_env(settings, COLDBREW_API_KEYS=keys, COLDBREW_API_PORT=str(port))
-    log = tmp_path / "api.log"
+    async with _api_process(settings, tmp_path / "api.log", COLDBREW_API_KEYS=keys) as base:
+        yield base
+
+
+@pytest.fixture
+async def open_api(settings: Settings, tmp_path: Path) -> AsyncIterator[str]:
+    """A second ``coldbrew api`` with auth off: every tenant's access, as a lane needs."""
+    log = tmp_path / "open-api.log"
+    async with _api_process(settings, log, COLDBREW_API_INSECURE_NO_AUTH="true") as base:
+        yield base
+
+
+@asynccontextmanager
+async def _api_process(settings: Settings, log: Path, **env_vars: str) -> AsyncIterator[str]:
+    port = free_port()
+    env = cli_env(settings, COLDBREW_API_PORT=str(port), **env_vars)
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "coldbrew", "api", "--app", "tests.apps:app"],
@@ -83,7 +98,7 @@ async def api(settings: Settings, tmp_path: Path) -> AsyncIterator[str]:
 
 
 async def test_operator_day_in_a_real_browser(
-    api: str, client: Client, start_worker: WorkerFactory
+    api: str, open_api: str, client: Client, start_worker: WorkerFactory
 ) -> None:
     missing = _missing()
     if missing is not None:
@@ -112,6 +127,10 @@ async def test_operator_day_in_a_real_browser(
             await _cancel_and_watch(page, running.id, shots)
             await _replay(page, shots)
             await _pause(page, shots)
+            operator = await browser.new_page(base_url=open_api)
+            operator.set_default_timeout(TIMEOUT_MS)
+            operator.on("console", lambda m: _note(problems, m.type, m.text))
+            await _pause_lane(operator, client, shots)
         finally:
             await browser.close()
     assert not problems, problems  # a CSP violation or a script error shows up here
@@ -121,6 +140,8 @@ async def test_operator_day_in_a_real_browser(
     actions = {e.action for e in await client.store.dashboard.audit_recent("acme")}
     assert actions == {"cancel", "replay", "pause"}
     assert (await client.get(theirs.id)).status is Status.QUEUED  # globex's: untouched
+    lane_actions = [(e.action, e.target) for e in await client.store.dashboard.audit_recent(None)]
+    assert lane_actions[:2] == [("lane_resume", "lane parked"), ("lane_pause", "lane parked")]
 
 
 def _note(problems: list[str], kind: str, text: str) -> None:
@@ -195,3 +216,21 @@ async def _pause(page: Page, shots: Path) -> None:
     row: Any = page.locator("tr", has_text="acme").filter(has_text="paused")
     await expect(row.first).to_be_visible()
     await page.screenshot(path=str(shots / "6-paused.png"), full_page=True)
+
+
+async def _pause_lane(page: Page, client: Client, shots: Path) -> None:
+    """Every tenant's operator pauses lane parked (the workers hold its jobs), then resumes it."""
+    await page.goto("/dashboard")
+    lane_row: Any = page.locator("h2:text-is('Lane state') + table tr", has_text="parked")
+    await lane_row.locator("a.act:text-is('Pause')").click()
+    await expect(page.locator("#question")).to_have_text(
+        "Pause lane parked on every worker, for every tenant?"
+    )
+    await page.click("#confirm")
+    await expect(page.locator("#notice")).to_contain_text("paused")
+    lanes = {lane.name: lane.paused for lane in await client.store.tenants.list_lanes()}
+    assert lanes["parked"] is True
+    await page.screenshot(path=str(shots / "7-lane-paused.png"), full_page=True)
+    await lane_row.locator("a.act:text-is('Resume')").click()
+    await page.click("#confirm")
+    await expect(page.locator("#notice")).to_contain_text("resumed")

@@ -8,6 +8,7 @@ import re
 import uuid
 from html import unescape
 
+import asyncpg
 import httpx
 import pytest
 import structlog
@@ -15,9 +16,11 @@ import structlog
 from coldbrew.api import accesslog
 from coldbrew.api.auth import DASHBOARD_COOKIE, KeyRing
 from coldbrew.client import Client
+from coldbrew.flow import chain, chain_step_id, step
 from coldbrew.model import Status
+from coldbrew.settings import Settings
 from coldbrew.store import ClaimRequest
-from tests.helpers import WorkerFactory, wait_until
+from tests.helpers import DATABASE_URL, WorkerFactory, wait_until
 from tests.integration.test_api import ACME, ACME_KEY, GLOBEX_KEY, api_client
 
 CSRF_RE = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
@@ -224,3 +227,149 @@ async def test_sessions_expire_and_each_request_is_logged(
         await asyncio.sleep(1.2)
         expired = await http.get("/dashboard", headers=cookie)
         assert (expired.status_code, expired.headers["location"]) == (303, "/dashboard/login")
+
+
+async def test_a_form_signed_by_one_api_replica_is_accepted_by_another(client: Client) -> None:
+    """Two API apps (two replicas behind a load balancer, each with its own state): the
+    session opened and the form's CSRF token signed by one is accepted by the other, since
+    the key is the namespace's (dashboard_secrets), not the process's; a forged token is
+    still refused there."""
+    job_id = await queued_job(client)
+    async with api_client(client) as first, api_client(client) as second:
+        cookie = await sign_in(first, ACME_KEY)
+        token = await confirm(first, cookie, action="cancel", job_id=job_id)
+        form = {"action": "cancel", "job_id": job_id}
+        refused = await second.post(
+            "/dashboard/act", data={**form, "csrf": "0" * 64}, headers=cookie
+        )
+        assert refused.status_code == 403
+        done = await second.post("/dashboard/act", data={**form, "csrf": token}, headers=cookie)
+        assert done.status_code == 303, done.text
+    assert (await client.get(job_id)).status is Status.CANCELLED
+
+
+async def test_pause_and_resume_a_lane_with_confirmation_csrf_and_audit(client: Client) -> None:
+    """Every-tenant access pauses and resumes a lane through the confirm page, each step
+    audited; a tenant's key is refused (a lane holds every tenant's jobs), and a bad lane
+    name gets the CLI's message."""
+    await client.submit("echo", tenant="acme", queue="parked")
+    async with api_client(client) as http:
+        cookie = await sign_in(http, ACME_KEY)
+        refused = await http.get(
+            "/dashboard/confirm", params={"action": "lane_pause", "lane": "parked"}, headers=cookie
+        )
+        assert refused.status_code == 403 and "lane_needs_every_tenant" in refused.text
+    async with api_client(client, OPEN) as http:
+        bad = await http.get("/dashboard/confirm", params={"action": "lane_pause", "lane": "a b"})
+        assert bad.status_code == 422 and "lane name &#x27;a b&#x27; must match" in bad.text
+        overview = (await http.get("/dashboard")).text
+        assert "action=lane_pause&amp;lane=parked" in overview
+        token = await confirm(http, {}, action="lane_pause", lane="parked")
+        form = {"action": "lane_pause", "lane": "parked"}
+        assert (await http.post("/dashboard/act", data=form)).status_code == 403  # no token
+        done = await http.post("/dashboard/act", data={**form, "csrf": token})
+        assert done.status_code == 303
+        assert "Pause lane parked" in unescape(done.headers["location"].replace("+", " "))
+        assert [
+            lane.paused for lane in await client.store.tenants.list_lanes() if lane.name == "parked"
+        ] == [True]
+        data = (await http.get("/dashboard.json")).json()
+        assert data["paused_lanes"] == ["parked"]
+        assert "action=lane_resume&amp;lane=parked" in (await http.get("/dashboard")).text
+        token = await confirm(http, {}, action="lane_resume", lane="parked")
+        form = {"action": "lane_resume", "lane": "parked", "csrf": token}
+        assert (await http.post("/dashboard/act", data=form)).status_code == 303
+    lanes = {lane.name: lane.paused for lane in await client.store.tenants.list_lanes()}
+    assert lanes["parked"] is False
+    audit = await client.store.dashboard.audit_recent(None)
+    assert [(a.action, a.target, a.outcome) for a in audit[:2]] == [
+        ("lane_resume", "lane parked", "resumed"),
+        ("lane_pause", "lane parked", "paused"),
+    ]
+
+
+async def test_a_jobs_page_shows_its_parent_children_batch_and_chain_step(
+    client: Client, settings: Settings
+) -> None:
+    """Read from the existing columns: a parent's page counts its children by status and
+    links them, a child's links its parent, a batch member's shows the batch's counts, and
+    a chain step's says which step of how many; a plain job's page has none of it."""
+    parent = await queued_job(client)
+    conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": settings.namespace})
+    try:
+        await conn.execute(
+            "INSERT INTO jobs (id, type, queue, tenant, status, max_attempts, parent_id)"
+            " SELECT $1 || '-child-' || s, 'echo', 'parked', 'acme',"
+            " (CASE WHEN s <= 2 THEN 'succeeded' ELSE 'queued' END)::job_status, 3, $1"
+            " FROM generate_series(1, 3) AS s",
+            parent,
+        )
+    finally:
+        await conn.close()
+    batch = await client.batch(
+        [("echo", {"value": 1}), ("echo", {"value": 2})], tenant="acme", description="nightly"
+    )
+    chained = await client.submit_chain(
+        chain(
+            step("echo", {"value": 1}),
+            step("echo", result_arg="value"),
+            step("noop", result_arg=None),
+            tenant="acme",
+        )
+    )
+    first_step = chain_step_id(chained["id"], 0)
+    async with api_client(client, OPEN) as http:
+        page = unescape((await http.get(f"/dashboard/jobs/{parent}")).text)
+        assert "3 in all: queued 1 · succeeded 2" in page
+        assert f"/dashboard/jobs/{parent}-child-3" in page
+        child = unescape((await http.get(f"/dashboard/jobs/{parent}-child-1")).text)
+        assert f'id=parent>Spawned by <a href="/dashboard/jobs/{parent}"' in child
+        member = unescape((await http.get(f"/dashboard/jobs/{batch.member_ids[0]}")).text)
+        assert f"Member of batch <code>{batch.id}</code> (nightly): running, 2 members" in member
+        assert "queued 2" in member
+        step_page = unescape((await http.get(f"/dashboard/jobs/{first_step}")).text)
+        assert f"Step 1 of 3 of chain <code>{chained['id']}</code> (running)" in step_page
+        plain = (await http.get(f"/dashboard/jobs/{await queued_job(client)}")).text
+        assert "Related jobs" not in plain
+
+
+async def test_error_text_search_matches_literally_through_the_trigram_index(
+    client: Client, settings: Settings
+) -> None:
+    """The error text is a literal, not a pattern (% and _ match only themselves), matched
+    case-insensitively in the kind, message and dead reason, with the other filters; a text
+    under three characters (no trigram) takes the walk and finds the same rows."""
+    conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": settings.namespace})
+    try:
+        await conn.execute(
+            "INSERT INTO jobs (id, type, queue, tenant, status, max_attempts, error_kind,"
+            " error_message, dead_reason) VALUES"
+            " ('e1', 'echo', 'parked', 'acme', 'failed', 3, 'Sale', 'got 50%_OFF today', NULL),"
+            " ('e2', 'echo', 'parked', 'acme', 'failed', 3, 'Sale', 'got 500 off today', NULL),"
+            " ('e3', 'echo', 'parked', 'acme', 'dead', 3, NULL, NULL, 'Back\\slash 50%_off'),"
+            " ('e4', 'echo', 'parked', 'globex', 'dead', 3, NULL, NULL, '50%_off')"
+        )
+        await conn.execute("SET enable_seqscan = off")  # a tiny table would be scanned
+        explained = await conn.fetch(
+            "EXPLAIN SELECT id FROM jobs WHERE lower(coalesce(error_kind, '') || ' ' ||"
+            " coalesce(error_message, '') || ' ' || coalesce(dead_reason, ''))"
+            " LIKE '%50\\%\\_off%' AND (error_kind IS NOT NULL OR error_message IS NOT NULL"
+            " OR dead_reason IS NOT NULL)"
+        )
+        plan = "\n".join(row[0] for row in explained)
+    finally:
+        await conn.close()
+    async with api_client(client) as http:
+        cookie = await sign_in(http, ACME_KEY)
+
+        async def found(**params: str) -> list[str]:
+            page = await http.get("/dashboard/jobs", params=params, headers=cookie)
+            assert page.status_code == 200, page.text
+            return sorted(re.findall(r'href="/dashboard/jobs/(e\d)"', page.text))
+
+        assert await found(error="50%_off") == ["e1", "e3"]
+        assert await found(error="50%_off", status="dead") == ["e3"]
+        assert await found(error="k\\slash") == ["e3"]
+        assert await found(error="SALE") == ["e1", "e2"]
+        assert await found(error="%") == ["e1", "e3"]  # one character: the walk, literally too
+    assert "jobs_search_error" in plan

@@ -320,3 +320,35 @@ async def test_members_of_an_open_batch_are_kept_until_it_is_done(
     assert dry[("jobs", "succeeded")] == 1
     assert result.counts[("jobs", "succeeded")] == 1
     assert [r["id"] for r in await db.fetch("SELECT id FROM jobs ORDER BY id")] == ["open.0"]
+
+
+async def test_expired_sessions_and_old_audit_entries_are_pruned(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """Given sessions expired two days ago, one an hour ago and a live one, and audit entries
+    100 and 10 days old, a pass with a 90-day audit retention deletes exactly the sessions
+    expired over a day ago and the 100-day-old entries, and its dry run said so first."""
+    await db.execute(
+        "INSERT INTO dashboard_sessions (token_hash, actor, expires_at)"
+        " SELECT sha256(('old' || s)::bytea), 'a', now() - interval '2 days'"
+        " FROM generate_series(1, 9) AS s;"
+        "INSERT INTO dashboard_sessions (token_hash, actor, expires_at) VALUES"
+        " (sha256('recent'::bytea), 'a', now() - interval '1 hour'),"
+        " (sha256('live'::bytea), 'a', now() + interval '1 hour');"
+        "INSERT INTO audit_log (at, actor, action, target, outcome)"
+        " SELECT now() - interval '100 days', 'a', 'pause', 'tenant t', 'paused'"
+        " FROM generate_series(1, 11);"
+        "INSERT INTO audit_log (at, actor, action, target, outcome)"
+        " SELECT now() - interval '10 days', 'a', 'pause', 'tenant t', 'paused'"
+        " FROM generate_series(1, 4)"
+    )
+    retention = Retention(jobs={}, rejected=None, audit=90 * 86400.0)
+    async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
+        dry = await store.history.count_prunable({}, None, retention.idle_buckets, retention.audit)
+        result = await Pruner(store, retention, batch=4).run_pass()
+    assert result.complete
+    assert result.counts == {("dashboard_sessions", "any"): 9, ("audit_log", "any"): 11}
+    assert {k: v for k, v in dry.items() if v} == result.counts
+    assert await db.fetchval("SELECT count(*) FROM dashboard_sessions") == 2
+    assert await db.fetchval("SELECT count(*) FROM audit_log") == 4
+    assert Retention.of(Settings(namespace="x", retention_audit="off")).audit is None  # type: ignore[call-arg]

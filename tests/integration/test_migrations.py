@@ -169,3 +169,48 @@ async def test_migrate_creates_missing_database(conn: asyncpg.Connection) -> Non
             await inside.close()
     finally:
         await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(database)} WITH (FORCE)")
+
+
+async def test_namespaces_share_pg_trgm_and_a_role_that_cannot_use_it_is_told_what_to_run() -> None:
+    """Migration 0016's pg_trgm lives in coldbrew_extensions, not in a namespace: a second
+    namespace migrates beside the first, and dropping the first keeps the second's index.
+    A role that may not use the extension's schema gets one clear error naming what to run
+    (the extension is trusted: such a role creates it, but cannot reference its opclass)."""
+    suffix = secrets.token_hex(4)
+    database, role = f"coldbrew_trgm_{suffix}", f"coldbrew_trgm_{suffix}"
+    parts = urlsplit(DATABASE_URL)
+    dsn = urlunsplit(parts._replace(path=f"/{database}"))
+    as_role = urlunsplit(
+        parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}", path=f"/{database}")
+    )
+    admin = await asyncpg.connect(DATABASE_URL)
+    try:
+        await admin.execute(f"CREATE DATABASE {quote_ident(database)}")
+        await admin.execute(f"CREATE ROLE {quote_ident(role)} LOGIN")
+        await admin.execute(
+            f"GRANT CREATE ON DATABASE {quote_ident(database)} TO {quote_ident(role)}"
+        )
+        await migrate(dsn, "first")
+        await migrate(dsn, "second")
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("DROP SCHEMA first CASCADE")
+            where = await conn.fetchval(
+                "SELECT extnamespace::regnamespace::text FROM pg_extension"
+                " WHERE extname = 'pg_trgm'"
+            )
+            kept = await conn.fetchval(
+                "SELECT count(*) FROM pg_indexes WHERE indexname = 'jobs_search_error'"
+            )
+            assert (where, kept) == ("coldbrew_extensions", 1)
+            await conn.execute("DROP SCHEMA second CASCADE")
+            await conn.execute("DROP EXTENSION pg_trgm")  # the schema stays, not the role's
+        finally:
+            await conn.close()
+        with pytest.raises(Exception, match="needs the PostgreSQL extension pg_trgm") as caught:
+            await migrate(as_role, "third")
+        assert "permission denied" in str(caught.value)
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {quote_ident(database)} WITH (FORCE)")
+        await admin.execute(f"DROP ROLE IF EXISTS {quote_ident(role)}")
+        await admin.close()

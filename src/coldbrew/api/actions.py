@@ -2,11 +2,13 @@
 
 Each action goes through the same functions as its CLI command: ``Client.cancel``
 (``coldbrew cancel``), ``TenantStore.set_tenant`` (``coldbrew tenants
-pause|resume|set``), the checks of ``coldbrew.operations`` (weights, caps,
+pause|resume|set``), ``TenantStore.set_lane_paused`` (``coldbrew lanes
+pause|resume``), the checks of ``coldbrew.operations`` (weights, caps,
 replay reasons: the same messages), and, for what the CLI scopes to no tenant,
 the dashboard store's tenant-scoped twins of ``dlq replay`` (``retry_job``,
 ``replay_dead``). A tenant's key acts on its own jobs and tenant only; changing
-a weight (a share against the other tenants) needs every-tenant access.
+a weight (a share against the other tenants) or pausing a lane (every
+tenant's jobs in it) needs every-tenant access.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ if TYPE_CHECKING:
 
 JOB_ACTIONS = frozenset({"cancel", "retry"})
 TENANT_ACTIONS = frozenset({"pause", "resume", "tenant_set"})
-ACTIONS = JOB_ACTIONS | TENANT_ACTIONS | {"replay"}
+LANE_ACTIONS = frozenset({"lane_pause", "lane_resume"})
+ACTIONS = JOB_ACTIONS | TENANT_ACTIONS | LANE_ACTIONS | {"replay"}
 REPLAY_LIMIT = 100
 
 
@@ -38,6 +41,7 @@ class Action:
     name: str
     job_id: str | None = None
     tenant: str | None = None
+    lane: str | None = None
     reason: str | None = None
     weight: float | None = None
     max_running: int | None = None
@@ -56,6 +60,9 @@ class Action:
             )
         if self.name in ("pause", "resume"):
             return f"{self.name.capitalize()} tenant {self.tenant}?"
+        if self.name in LANE_ACTIONS:
+            verb = self.name.removeprefix("lane_").capitalize()
+            return f"{verb} lane {self.lane} on every worker, for every tenant?"
         changes = []
         if self.weight is not None:
             changes.append(f"weight {self.weight:g}")
@@ -71,6 +78,8 @@ class Action:
             return f"job {self.job_id}"
         if self.tenant is not None:
             return f"tenant {self.tenant}"
+        if self.lane is not None:
+            return f"lane {self.lane}"
         return f"dead jobs matching {self.reason!r}"
 
     def audit_detail(self) -> dict[str, Any]:
@@ -101,6 +110,8 @@ def parse_action(form: Mapping[str, str], user: BrowserUser) -> Action:
         return Action(name, job_id=job_id, reason=reason, fields=fields)
     if name == "replay":
         return Action(name, reason=check_reason_text(form.get("reason")), fields=fields)
+    if name in LANE_ACTIONS:
+        return _lane_action(name, form, user, fields)
     tenant = form.get("tenant", "")
     if not NAME_RE.match(tenant):
         raise ConfigurationError(f"tenant name {tenant!r} must match {NAME_RE.pattern}")
@@ -109,6 +120,22 @@ def parse_action(form: Mapping[str, str], user: BrowserUser) -> Action:
     if name != "tenant_set":
         return Action(name, tenant=tenant, fields=fields)
     return _tenant_set(tenant, form, user, fields)
+
+
+def _lane_action(
+    name: str, form: Mapping[str, str], user: BrowserUser, fields: dict[str, str]
+) -> Action:
+    lane = form.get("lane", "")
+    if not NAME_RE.fullmatch(lane):
+        raise ConfigurationError(f"lane name {lane!r} must match {NAME_RE.pattern}")
+    if user.principal.tenant is not None:
+        raise ApiError(
+            403,
+            "lane_needs_every_tenant",
+            "a lane holds every tenant's jobs: only an operator with every tenant's access "
+            "(auth off, or `coldbrew lanes pause|resume`) may pause or resume it",
+        )
+    return Action(name, lane=lane, fields=fields)
 
 
 def _tenant_set(
@@ -176,6 +203,11 @@ async def _do(action: Action, client: Client, user: BrowserUser) -> str:
         assert action.reason is not None
         ids = await store.dashboard.replay_dead(action.reason, tenant, REPLAY_LIMIT, budget)
         return f"replayed {len(ids)} dead job(s) with {budget} fresh attempt(s)"
+    if action.lane is not None:
+        paused = action.name == "lane_pause"
+        channel = Topology(client.settings.namespace).tenant_channel
+        await store.tenants.set_lane_paused(action.lane, paused, channel=channel)
+        return "paused" if paused else "resumed"
     assert action.tenant is not None
     await store.tenants.set_tenant(
         action.tenant,

@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from coldbrew.api import dashboard, routes
 from coldbrew.api.accesslog import AccessLog
-from coldbrew.api.auth import CsrfSigner, KeyRing
+from coldbrew.api.auth import CSRF_SECRET, CsrfKeys, KeyRing
 from coldbrew.api.errors import (
     ApiError,
     on_api_error,
@@ -70,9 +70,9 @@ class ApiState:
     waiters: WaiterSlots  # long polls and event streams now open, out of config.max_waiters
     metrics: ApiMetrics
     spec: dict[str, Any]  # /openapi.json, built once from the validators and this config
+    csrf: CsrfKeys  # the dashboard's signer, under the namespace's shared secret
     rates: DrainRates = field(default_factory=DrainRates)  # the dashboard's, across its loads
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # see stop_waiting()
-    csrf: CsrfSigner = field(default_factory=CsrfSigner)  # the dashboard's, this process's secret
     charts: dict[str | None, tuple[float, str]] = field(default_factory=dict)  # per scope: drawn
 
 
@@ -175,6 +175,7 @@ def create_app(
         waiters=waiters,
         metrics=metrics,
         spec=build_spec(max_wait_seconds=config.max_wait_seconds),
+        csrf=CsrfKeys(lambda: client.store.dashboard.shared_secret(CSRF_SECRET)),
     )
     return app
 

@@ -8,16 +8,19 @@ A browser signs in once with a key (``POST /dashboard/login``) and then holds a
 session: a random token in an HTTP-only cookie, stored server-side only as its
 SHA-256 (``dashboard_sessions``), so the cookie never carries the API key,
 logout revokes it, and it expires (``COLDBREW_DASHBOARD_SESSION_SECONDS``).
-Each session's CSRF token is an HMAC of its token under a secret this process
-draws at start, so it needs no storage and no other site can compute it.
+Each session's CSRF token is an HMAC of its token under a secret stored once per
+namespace in PostgreSQL (``dashboard_secrets``, drawn by the first replica that
+needs it), so any ``coldbrew api`` replica behind a load balancer, or one
+restarted, checks a form another signed, and no other site can compute it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -119,7 +122,7 @@ def token_hash(token: str) -> bytes:
 
 
 class CsrfSigner:
-    """CSRF tokens: HMAC-SHA256 of the session token under a per-process secret."""
+    """CSRF tokens: HMAC-SHA256 of the session token under a secret (see ``CsrfKeys``)."""
 
     def __init__(self, secret: bytes | None = None) -> None:
         self._secret = secret or secrets.token_bytes(32)
@@ -135,6 +138,30 @@ class CsrfSigner:
                 "csrf_failed",
                 "the form's CSRF token is missing or wrong: reload the page and try again",
             )
+
+
+CSRF_SECRET = "csrf"  # noqa: S105 - the name of a stored secret, not a secret
+"""The name of the CSRF key in ``dashboard_secrets``."""
+
+
+class CsrfKeys:
+    """The CSRF signer under the namespace's shared secret, read once, on first use.
+
+    ``load`` reads (or, first of all replicas, draws and stores) the secret;
+    a failed read is retried at the next request, never cached.
+    """
+
+    def __init__(self, load: Callable[[], Awaitable[bytes]]) -> None:
+        self._load = load
+        self._signer: CsrfSigner | None = None
+        self._lock = asyncio.Lock()
+
+    async def signer(self) -> CsrfSigner:
+        if self._signer is None:
+            async with self._lock:
+                if self._signer is None:
+                    self._signer = CsrfSigner(await self._load())
+        return self._signer
 
 
 async def browser_user(

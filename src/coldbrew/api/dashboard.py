@@ -38,7 +38,14 @@ from coldbrew.api.errors import ApiError
 from coldbrew.api.overview import collect
 from coldbrew.api.routes import event_stream
 from coldbrew.api.search import PAGE_SIZE, next_cursor, parse_search
-from coldbrew.errors import ConfigurationError, InvalidRequest, JobNotFound
+from coldbrew.errors import (
+    BatchNotFound,
+    ChainNotFound,
+    ConfigurationError,
+    InvalidRequest,
+    JobNotFound,
+)
+from coldbrew.model import JobRecord
 
 if TYPE_CHECKING:
     from coldbrew.api.app import ApiState
@@ -47,7 +54,9 @@ CHART_SECONDS = 15.0
 FORM_BODY_LIMIT = 4096
 FORM_MAX_FIELDS = 10  # more is not one of the dashboard's forms: 400 invalid_form
 LOGIN_FIELDS = frozenset({"key"})
-ACTION_FIELDS = frozenset({"csrf", "action", "job_id", "tenant", "reason", "weight", "max_running"})
+ACTION_FIELDS = frozenset(
+    {"csrf", "action", "job_id", "tenant", "lane", "reason", "weight", "max_running"}
+)
 CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
@@ -85,11 +94,11 @@ async def _user(request: Request) -> BrowserUser | None:
     return await browser_user(request, state.keys, state.client.store.dashboard)
 
 
-def _csrf_of(request: Request, user: BrowserUser) -> str | None:
+async def _csrf_of(request: Request, user: BrowserUser) -> str | None:
     """The CSRF token of the user's session; None for a Bearer script (it cannot act)."""
     if user.session_token is None:
         return None
-    return _state(request).csrf.token(user.session_token)
+    return (await _state(request).csrf.signer()).token(user.session_token)
 
 
 def _done(request: Request) -> str | None:
@@ -113,7 +122,7 @@ async def dashboard(request: Request) -> Response:
             response.delete_cookie(DASHBOARD_COOKIE, path="/dashboard")
         return response
     overview = await collect(state.client.store, user.principal, state.rates)
-    csrf = None if state.keys.insecure_no_auth else _csrf_of(request, user)
+    csrf = None if state.keys.insecure_no_auth else await _csrf_of(request, user)
     page = render.dashboard_page(
         overview,
         logout_csrf=csrf,
@@ -198,8 +207,38 @@ async def dashboard_job(request: Request) -> Response:
         checkpoint=checkpoint,
         worker_id=worker_id,
         message=_done(request),
+        family=await _family(state, record, user.principal),
     )
     return _html(page, headers=JOB_PAGE_HEADERS)
+
+
+CHILDREN_LISTED = 50
+
+
+async def _family(state: ApiState, record: JobRecord, principal: Principal) -> pages.Family:
+    """The job's first children, its batch and its chain, each read only when it names one
+    (a plain job costs nothing more); a batch or chain of another tenant is not shown."""
+    store = state.client.store
+    children = []
+    if record.children:
+        children = await store.dashboard.children(record.id, CHILDREN_LISTED)
+    batch = None
+    if record.batch_id is not None:
+        try:
+            batch = await store.batches.get(record.batch_id)
+        except BatchNotFound:
+            batch = None  # pruned, or not committed yet
+        if batch is not None and not principal.may_see(batch.tenant):
+            batch = None
+    chain = None
+    if record.chain_id is not None:
+        try:
+            chain = await store.flow.get_chain(record.chain_id)
+        except ChainNotFound:
+            chain = None
+        if chain is not None and not principal.may_see(str(chain["tenant"])):
+            chain = None
+    return pages.Family(children, batch, chain)
 
 
 async def dashboard_job_events(request: Request) -> Response:
@@ -251,7 +290,7 @@ async def confirm(request: Request) -> Response:
     user = await _user(request)
     if user is None:
         return _to_login()
-    csrf = _csrf_of(request, user)
+    csrf = await _csrf_of(request, user)
     if csrf is None:
         return _html(pages.error_page("acting needs a signed-in session (not a Bearer key)"), 403)
     try:
@@ -273,7 +312,7 @@ async def act(request: Request) -> Response:
     user = await _user(request)
     if user is None or user.session_token is None:
         raise ApiError(403, "csrf_failed", "acting needs a signed-in dashboard session")
-    state.csrf.check(user.session_token, form.get("csrf"))
+    (await state.csrf.signer()).check(user.session_token, form.get("csrf"))
     try:
         action = parse_action(form, user)
         outcome = await carry_out(action, state.client, user)
@@ -335,7 +374,7 @@ async def logout(request: Request) -> Response:
     form = await _posted_form(request, frozenset({"csrf"}))
     token = request.cookies.get(DASHBOARD_COOKIE, "")
     if token:
-        state.csrf.check(token, form.get("csrf"))
+        (await state.csrf.signer()).check(token, form.get("csrf"))
         await state.client.store.dashboard.revoke_session(token_hash(token))
     response = _to_login()
     response.delete_cookie(DASHBOARD_COOKIE, path="/dashboard", httponly=True, samesite="strict")

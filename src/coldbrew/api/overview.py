@@ -21,7 +21,7 @@ from typing import Any
 from coldbrew.api.auth import Principal
 from coldbrew.model import JobRecord
 from coldbrew.stats import DrainRates
-from coldbrew.store import JobStore, QueueStats, TenantSettings, WorkerRow
+from coldbrew.store import JobStore, LaneSettings, QueueStats, TenantSettings, WorkerRow
 
 RECENT_DEAD_LIMIT = 20
 ERROR_TEXT_LIMIT = 300
@@ -92,6 +92,9 @@ class Overview:
     rejected: dict[str, int]
     workers: list[WorkerRow] = field(default_factory=list)
     """The live workers (a session holds their liveness lock), oldest first."""
+    lane_states: list[LaneSettings] = field(default_factory=list)
+    """The known lanes and whether each is paused (every lane for every-tenant access; for
+    a key, the lanes of its rows and the paused ones: why its jobs wait)."""
 
     @property
     def shows_load(self) -> bool:
@@ -122,6 +125,7 @@ class Overview:
             "dead_jobs": [job.to_json() for job in self.dead_jobs],
             "rejected": self.rejected,
             "workers": self.workers_json(),
+            "paused_lanes": [lane.name for lane in self.lane_states if lane.paused],
         }
 
 
@@ -148,4 +152,12 @@ async def collect(
     dead = [DeadJob.of(job) for job in await store.dead.recent_dead(tenant, dead_limit)]
     rejected = await store.dead.rejected_counts(tenant)
     workers = [worker for worker in await store.liveness.list_workers() if worker.alive]
-    return Overview(tenant, datetime.now(UTC), lanes, tenants, dead, rejected, workers)
+    own = {row.queue for row in rows}
+    known = await store.tenants.list_lanes()
+    unrecorded = own - {lane.name for lane in known}  # jobs wait there, no worker came yet
+    known += [LaneSettings(name, paused=False, changed_at=None) for name in unrecorded]
+    lane_states = sorted(
+        (lane for lane in known if tenant is None or lane.paused or lane.name in own),
+        key=lambda lane: lane.name,
+    )
+    return Overview(tenant, datetime.now(UTC), lanes, tenants, dead, rejected, workers, lane_states)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from coldbrew.api.actions import Action
 from coldbrew.api.render import NAV, _document, _e, _table, _when, confirm_link, notice
+from coldbrew.batches import BatchRecord
 from coldbrew.model import JobRecord, Status
 from coldbrew.store import Attempt, AuditEntry, JobSummary, TenantSettings
 
@@ -160,6 +162,56 @@ def _job_actions(job: JobRecord) -> str:
     return f"<p>{' · '.join(links)}</p>" if links else ""
 
 
+@dataclass(frozen=True, slots=True)
+class Family:
+    """What a job's page shows of the jobs around it (issue #16's flow and batches): its
+    first children, its batch and its chain, each read only when the job names one."""
+
+    children: Sequence[tuple[str, str, str]] = ()
+    """The first children: ``(id, type, status)``; their counts are ``job.children``."""
+    batch: BatchRecord | None = None
+    chain: Mapping[str, Any] | None = None
+
+
+def _family(job: JobRecord, family: Family) -> str:
+    """Parent, children by status, batch and chain step; empty for a job with none."""
+    parts = []
+    if job.parent_id is not None:
+        parts.append(f"<p id=parent>Spawned by {_job_link(job.parent_id)}</p>")
+    if job.children:
+        counts = " · ".join(f"{_e(st)} {n}" for st, n in sorted(job.children.items()))
+        total = sum(job.children.values())
+        rows = (
+            f"<tr><td>{_job_link(child)}</td><td>{_e(kind)}</td><td>{_e(st)}</td></tr>"
+            for child, kind, st in family.children
+        )
+        more = total - len(family.children)
+        parts.append(
+            f"<h3>Children</h3><p id=children>{total} in all: {counts}"
+            + (f" ({more} more not listed)" if more > 0 else "")
+            + "</p>"
+            + _table(("id", "type", "status"), rows, "")
+        )
+    if family.batch is not None:
+        b = family.batch
+        counts = " · ".join(f"{_e(st)} {n}" for st, n in b.counts.items() if n)
+        parts.append(
+            f"<p id=batch>Member of batch <code>{_e(b.id)}</code> "
+            f"({_e(b.description or 'no description')}): {_e(b.status)}, "
+            f"{b.total} members, {b.pending} pending, {b.progress:.0%} done · {counts}</p>"
+        )
+    if family.chain is not None and job.chain_step is not None:
+        c = family.chain
+        steps = " → ".join(
+            _job_link(str(step["id"])) + f" {_e(step['status'])}" for step in c.get("jobs", [])
+        )
+        parts.append(
+            f"<p id=chain>Step {job.chain_step + 1} of {c.get('step_count')} of chain "
+            f"<code>{_e(c.get('id'))}</code> ({_e(c.get('status'))}): {steps}</p>"
+        )
+    return "<h2>Related jobs</h2>" + "".join(parts) if parts else ""
+
+
 def job_page(
     job: JobRecord,
     attempts: Sequence[Attempt],
@@ -168,6 +220,7 @@ def job_page(
     checkpoint: Any = None,
     worker_id: str | None = None,
     message: str | None = None,
+    family: Family | None = None,
 ) -> str:
     """Status, progress bar, attempts, checkpoint, result, audit, live through job.js."""
     status = job.to_status_json()
@@ -184,6 +237,7 @@ def job_page(
         f'<span id="progress-message">{_e(job.progress_message or "")}</span></p>'
         + f'<p class=err id="error">{_e(error)}</p>'
         + _job_actions(job)
+        + _family(job, family or Family())
         + "<h2>Attempts</h2>"
         + _table(
             ("attempt", "outcome", "started", "ended", "worker", "error"),

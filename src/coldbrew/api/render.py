@@ -18,7 +18,7 @@ from datetime import datetime
 from urllib.parse import quote
 
 from coldbrew.api.overview import DeadJob, Lane, Overview
-from coldbrew.store import TenantSettings, WorkerRow
+from coldbrew.store import LaneSettings, TenantSettings, WorkerRow
 
 REFRESH_SECONDS = 5
 
@@ -130,6 +130,14 @@ def _tenant_row(tenant: TenantSettings) -> str:
     )
 
 
+def _lane_state_row(lane: LaneSettings, *, may_act: bool) -> str:
+    state = '<span class="bad">paused</span>' if lane.paused else "active"
+    verb = "lane_resume" if lane.paused else "lane_pause"
+    label = "Resume" if lane.paused else "Pause"
+    act = confirm_link(label, action=verb, lane=lane.name) if may_act else "-"
+    return f"<tr><td>{_e(lane.name)}</td><td>{state}</td><th>{act}</th></tr>"
+
+
 def _dead_row(job: DeadJob) -> str:
     link = f"/dashboard/jobs/{quote(job.id, safe='')}"
     return (
@@ -206,6 +214,15 @@ def dashboard_page(
             ),
             (_lane_row(lane) for lane in overview.lanes),
             "No jobs waiting, running, failed or dead.",
+        )
+        + "<h2>Lane state</h2>"
+        + _table(
+            ("lane", "state", "act"),
+            (
+                _lane_state_row(lane, may_act=overview.tenant is None)
+                for lane in overview.lane_states
+            ),
+            "No lanes known yet.",
         )
         + "<h2>Tenants</h2>"
         + _table(

@@ -187,6 +187,11 @@ DASHBOARD_SCHEMA: dict[str, Any] = {
             "additionalProperties": {"type": "integer"},
             "description": "rejected messages by reason (for a key: routed to its tenant)",
         },
+        "paused_lanes": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "lanes paused fleet-wide (`coldbrew lanes pause`): their jobs wait",
+        },
         "workers": {
             "type": "array",
             "description": "the live workers (their liveness lock is held), oldest first; "

@@ -1,4 +1,4 @@
-"""The fleet-wide settings: tenants' weights, pauses and caps, job types' caps."""
+"""The fleet-wide settings: tenants' weights, pauses and caps, lanes' pauses, job types' caps."""
 
 from __future__ import annotations
 
@@ -42,6 +42,17 @@ def add_commands(sub: Subparsers[Parser]) -> None:
     )
     for verb, text in (("pause", "hold this tenant's jobs"), ("resume", "run them again")):
         tenants_sub.add_parser(verb, help=text).add_argument("name")
+
+    lanes = sub.add_parser("lanes", help="list lanes, pause and resume one fleet-wide")
+    lanes_sub = lanes.add_subparsers(dest="lanes_command", required=True, parser_class=Parser)
+    lanes_sub.add_parser("list", help="every known lane and its state").add_argument(
+        "--json", action="store_true"
+    )
+    for verb, text in (
+        ("pause", "hold this lane's jobs on every worker, for every tenant"),
+        ("resume", "run them again"),
+    ):
+        lanes_sub.add_parser(verb, help=text).add_argument("name", metavar="LANE")
 
     types = sub.add_parser(
         "types", help="list job types (the workers' registrations, the caps) and cap them"
@@ -186,6 +197,36 @@ async def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+async def cmd_lanes(args: argparse.Namespace, settings: Settings) -> int:
+    from coldbrew.model import NAME_RE
+    from coldbrew.store import JobStore
+    from coldbrew.topology import Topology
+
+    command = args.lanes_command
+    if command != "list" and not NAME_RE.fullmatch(args.name):
+        raise ConfigurationError(f"lane name {args.name!r} must match {NAME_RE.pattern}")
+    async with JobStore.open(settings.database_url, settings.namespace, pool_size=2) as store:
+        await store.check_schema()
+        if command == "list":
+            rows = await store.tenants.list_lanes()
+        else:
+            rows = [
+                await store.tenants.set_lane_paused(
+                    args.name,
+                    command == "pause",
+                    channel=Topology(settings.namespace).tenant_channel,
+                )
+            ]
+    if getattr(args, "json", False):
+        print_json([dataclasses.asdict(row) for row in rows])
+        return EXIT_OK
+    for row in rows:
+        print(f"{row.name:<24} {'paused' if row.paused else 'active'}")
+    if not rows:
+        print_empty("no lanes yet: one is known once a worker registers a type on it")
+    return EXIT_OK
+
+
 async def cmd_types(args: argparse.Namespace, settings: Settings) -> int:
     from coldbrew.app import JOB_TYPE_RE
     from coldbrew.store import JobStore
@@ -274,5 +315,6 @@ def _list_types(
 
 HANDLERS: dict[str, Handler] = {
     "tenants": cmd_tenants,
+    "lanes": cmd_lanes,
     "types": cmd_types,
 }

@@ -49,7 +49,7 @@ async def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
         await store.check_schema()
         if args.dry_run:
             counts = await store.history.count_prunable(
-                retention.jobs, retention.rejected, retention.idle_buckets
+                retention.jobs, retention.rejected, retention.idle_buckets, retention.audit
             )
         else:
             pruned = await _prune(store, retention, settings.prune_batch)

@@ -42,7 +42,7 @@ WHERE j.id = u.id AND j.publish_after = u.publish_after
   AND j.id IN (SELECT id FROM jobs WHERE id = ANY($1::text[]) FOR UPDATE SKIP LOCKED);
 
 -- name: claim_batch
--- Upsert delivered jobs and claim the claimable ones, one attempt each; a scheduled row is claimable once its run_at has come, and an early delivery of one is refused like a duplicate ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 idempotency keys, $10 lease seconds, $11 worker id)
+-- Upsert delivered jobs and claim the claimable ones, one attempt each, with the seconds each claimed one waited since it became due (run_at: its creation, its schedule or its retry; 0 for a row the claim inserts); a scheduled row is claimable once its run_at has come, and an early delivery of one is refused like a duplicate ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 idempotency keys, $10 lease seconds, $11 worker id)
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int2[],
@@ -57,7 +57,8 @@ inserted AS (
            idempotency_key, 'running', 1, now(), now() + make_interval(secs => $10), $11
     FROM input
     ON CONFLICT (id) DO NOTHING
-    RETURNING id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, snoozes
+    RETURNING id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, snoozes,
+              0::float8 AS waited
 ),
 claimed AS (
     UPDATE jobs AS j
@@ -76,7 +77,7 @@ claimed AS (
                -- more lease: alive, it extends it as soon as it reconnects
                AND server_started() <= now() - make_interval(secs => $10)))
     RETURNING j.id, j.attempt, j.max_attempts, j.timeout_seconds, j.checkpoint, j.started_at,
-              j.snoozes
+              j.snoozes, greatest(extract(epoch FROM now() - j.run_at), 0)::float8 AS waited
 ),
 exhausted AS (
     UPDATE jobs AS j
@@ -90,16 +91,17 @@ exhausted AS (
     RETURNING j.id
 )
 SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, snoozes,
-       true AS claimed, 'running' AS status
+       true AS claimed, 'running' AS status, waited
 FROM inserted
 UNION ALL
 SELECT id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, snoozes,
-       true AS claimed, 'running' AS status
+       true AS claimed, 'running' AS status, waited
 FROM claimed
 UNION ALL
 SELECT j.id, j.attempt, j.max_attempts, j.timeout_seconds, j.checkpoint, j.started_at,
        j.snoozes, false AS claimed,
-       CASE WHEN j.id IN (SELECT id FROM exhausted) THEN 'dead' ELSE j.status::text END
+       CASE WHEN j.id IN (SELECT id FROM exhausted) THEN 'dead' ELSE j.status::text END,
+       NULL::float8 AS waited
 FROM jobs AS j
 JOIN input AS i ON i.id = j.id
 WHERE j.id NOT IN (SELECT id FROM claimed);

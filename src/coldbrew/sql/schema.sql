@@ -613,4 +613,62 @@ LANGUAGE sql VOLATILE AS $$
     WHERE server_timeline() IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM server_epochs WHERE timeline = server_timeline())
     ON CONFLICT DO NOTHING
+-- Paused lanes, the shared CSRF secret and the error-text trigram index (0016: see
+-- the migration for why pg_trgm lives in its own schema).
+CREATE TABLE lanes (
+    name        text PRIMARY KEY,
+    paused      boolean NOT NULL DEFAULT false,
+    changed_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE dashboard_secrets (
+    name        text PRIMARY KEY,
+    secret      bytea NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+DO $$
+DECLARE
+    ext_schema name;
+BEGIN
+    SELECT n.nspname INTO ext_schema
+    FROM pg_extension AS e JOIN pg_namespace AS n ON n.oid = e.extnamespace
+    WHERE e.extname = 'pg_trgm';
+    IF ext_schema IS NULL THEN
+        BEGIN
+            CREATE SCHEMA IF NOT EXISTS coldbrew_extensions;
+            CREATE EXTENSION IF NOT EXISTS pg_trgm SCHEMA coldbrew_extensions;
+        EXCEPTION WHEN OTHERS THEN
+            -- another namespace's migration may have created it meanwhile: use that one
+            SELECT n.nspname INTO ext_schema
+            FROM pg_extension AS e JOIN pg_namespace AS n ON n.oid = e.extnamespace
+            WHERE e.extname = 'pg_trgm';
+            IF ext_schema IS NULL THEN
+                RAISE EXCEPTION 'coldbrew migration 0016 needs the PostgreSQL extension pg_trgm '
+                    '(the dashboard''s error-text search) and could not create it: %', SQLERRM
+                    USING HINT = 'as a role that may, run in this database: CREATE SCHEMA IF NOT '
+                        'EXISTS coldbrew_extensions; CREATE EXTENSION pg_trgm SCHEMA '
+                        'coldbrew_extensions; (Debian and Ubuntu ship it in postgresql-contrib) '
+                        'then run coldbrew migrate again';
+            END IF;
+        END;
+        SELECT n.nspname INTO ext_schema
+        FROM pg_extension AS e JOIN pg_namespace AS n ON n.oid = e.extnamespace
+        WHERE e.extname = 'pg_trgm';
+    END IF;
+    BEGIN
+        EXECUTE format(
+            'CREATE INDEX jobs_search_error ON jobs USING gin ('
+            '(lower(coalesce(error_kind, '''') || '' '' || coalesce(error_message, '''') '
+            '|| '' '' || coalesce(dead_reason, ''''))) %I.gin_trgm_ops) '
+            'WITH (fastupdate = off) '
+            'WHERE error_kind IS NOT NULL OR error_message IS NOT NULL OR dead_reason IS NOT NULL',
+            ext_schema);
+    EXCEPTION WHEN insufficient_privilege THEN
+        RAISE EXCEPTION 'coldbrew migration 0016 needs the PostgreSQL extension pg_trgm '
+            '(installed in schema %) and this role may not use it: %', ext_schema, SQLERRM
+            USING HINT = format('as a role that may, run in this database: GRANT USAGE ON '
+                'SCHEMA %I TO %I; then run coldbrew migrate again', ext_schema, current_user);
+    END;
+END;
 $$;

@@ -71,6 +71,7 @@ def claim_result(
         started_at=row["started_at"],
         mark=mark,
         snoozes=row["snoozes"],
+        waited=row.get("waited"),
     )
 
 

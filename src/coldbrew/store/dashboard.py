@@ -10,12 +10,14 @@ replaying one tenant's dead jobs by reason (``dlq_replay`` spans tenants).
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
+from coldbrew.sql import QUERIES
 from coldbrew.store.base import StoreBase
 
 
@@ -104,6 +106,17 @@ class SearchFilter:
     error_text: str | None = None
 
 
+TRIGRAM = 3
+"""The shortest error text the trigram index can look up (pg_trgm's trigrams)."""
+RECENT_ROWS = 5000
+"""Rows of a scope the error-text search reads newest first before it asks the index."""
+
+
+def like_escape(text: str) -> str:
+    """``text`` as a literal inside a LIKE pattern: backslash, ``%`` and ``_`` escaped."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 class DashboardStore(StoreBase):
     """Sessions, audit, attempts, search, charts, and the dashboard-only actions."""
 
@@ -125,6 +138,13 @@ class DashboardStore(StoreBase):
 
     async def revoke_session(self, token_hash: bytes) -> bool:
         return bool(await self._fetchval("session_revoke", token_hash))
+
+    async def shared_secret(self, name: str) -> bytes:
+        """The namespace's secret ``name`` (32 random bytes), drawn by whichever API replica
+        asks first and the same for every replica after it (the CSRF key)."""
+        await self._execute("secret_offer", name, secrets.token_bytes(32))
+        secret: bytes = await self._fetchval("secret_get", name)
+        return secret
 
     async def record(
         self,
@@ -164,19 +184,29 @@ class DashboardStore(StoreBase):
         row = await self._fetchrow("job_page_extras", job_id)
         return (None, None) if row is None else (row["checkpoint"], row["worker_id"])
 
+    async def children(self, parent_id: str, limit: int) -> list[tuple[str, str, str]]:
+        """The first ``limit`` children of a job: ``(id, type, status)``, oldest first."""
+        rows = await self._fetch("children_page", parent_id, limit)
+        return [(row["id"], row["type"], row["status"]) for row in rows]
+
     async def search(
         self, where: SearchFilter, cursor: tuple[datetime, str] | None, limit: int
     ) -> list[JobSummary]:
         """A page of jobs, newest first, after ``cursor`` (the last row's created_at and id).
 
-        One statement per access path, so each has a plan on its own index: a status's
-        (``jobs_search_status``: a status is rarer than a tenant's whole history), else a
-        tenant's (``jobs_search_tenant``), else every job's (``jobs_search_created``).
+        One statement per access path, so each has a plan on its own index: an error text
+        of three characters or more, the trigram index (``jobs_search_error``: a rare text
+        is found without walking the history; shorter ones have no trigram), else a
+        status's (``jobs_search_status``: a status is rarer than a tenant's whole
+        history), else a tenant's (``jobs_search_tenant``), else every job's
+        (``jobs_search_created``).
         """
         t, st, ty = where.tenant, where.status, where.type
         since, until, text = where.created_from, where.created_to, where.error_text
         at, last = cursor if cursor is not None else (None, "")
-        if st is not None:
+        if text is not None and len(text) >= TRIGRAM:
+            rows = await self._search_error(where, like_escape(text), at, last, limit)
+        elif st is not None:
             rows = await self._fetch(
                 "search_jobs_status", t, st, ty, since, until, text, at, last, limit
             )
@@ -189,6 +219,56 @@ class DashboardStore(StoreBase):
                 "search_jobs_all", t, st, ty, since, until, text, at, last, limit
             )
         return [JobSummary.from_row(row) for row in rows]
+
+    async def _search_error(
+        self, where: SearchFilter, pattern: str, at: datetime | None, last: str, limit: int
+    ) -> list[asyncpg.Record]:
+        """An error-text page in two steps, each planned for its own parameters (custom
+        plans: a generic plan cannot tell a rare text from a common one).
+
+        First the newest ``RECENT_ROWS`` rows of the scope (``search_jobs_error_recent``):
+        a common text fills the page there, and then that page is the answer (every
+        newer row was looked at). Else the trigram index (``search_jobs_error``) finds
+        the rare matches wherever they are. The planner alone misjudged a common text
+        as rare and fetched and sorted all 40,000 of its matches (216 ms, where the walk
+        takes 3: bench/dashboard_search.py)."""
+        t, st, ty = where.tenant, where.status, where.type
+        since, until = where.created_from, where.created_to
+
+        async def op(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+            async with conn.transaction():
+                await conn.execute(QUERIES["custom_plans"].text)
+                rows: list[asyncpg.Record] = await conn.fetch(
+                    QUERIES["search_jobs_error_recent"].text,
+                    t,
+                    st,
+                    ty,
+                    since,
+                    until,
+                    pattern,
+                    at,
+                    last,
+                    limit,
+                    RECENT_ROWS,
+                )
+                if len(rows) >= limit:
+                    return rows
+                return list(
+                    await conn.fetch(
+                        QUERIES["search_jobs_error"].text,
+                        t,
+                        st,
+                        ty,
+                        since,
+                        until,
+                        pattern,
+                        at,
+                        last,
+                        limit,
+                    )
+                )
+
+        return await self._run(op)
 
     async def retry_job(self, job_id: str, budget: int, tenant: str | None) -> bool:
         """Run a failed or dead job again with ``budget`` fresh attempts; False: it is neither

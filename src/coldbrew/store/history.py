@@ -92,12 +92,32 @@ class HistoryStore(StoreBase):
 
         return await self._under_lock("prune_rate_buckets", op)
 
+    async def prune_sessions(self, limit: int) -> int | None:
+        """Delete up to ``limit`` dashboard sessions expired over a day ago."""
+
+        async def op(conn: asyncpg.Connection) -> int:
+            return _rows(await conn.execute(QUERIES["prune_sessions"].text, limit))
+
+        return await self._under_lock("prune_sessions", op)
+
+    async def prune_audit(self, seconds: float, limit: int) -> int | None:
+        """Delete up to ``limit`` audit-log entries older than ``seconds``."""
+
+        async def op(conn: asyncpg.Connection) -> int:
+            return _rows(await conn.execute(QUERIES["prune_audit"].text, seconds, limit))
+
+        return await self._under_lock("prune_audit", op)
+
     async def compact_tallies(self) -> None:
         """Fold the dead/failed tallies' +1/-1 rows into one row per lane, tenant, status."""
         await self._execute("compact_tallies")
 
     async def count_prunable(
-        self, retention: Mapping[str, float], rejected_seconds: float | None, idle_seconds: float
+        self,
+        retention: Mapping[str, float],
+        rejected_seconds: float | None,
+        idle_seconds: float,
+        audit_seconds: float | None = None,
     ) -> dict[tuple[str, str], int]:
         """The dry run: ``{(table, status): rows}`` a prune with this retention would delete
         now (status ``any`` for the tables that are not a job's)."""
@@ -115,4 +135,7 @@ class HistoryStore(StoreBase):
         counts["rate_buckets", "any"] = await self._fetchval(
             "count_idle_rate_buckets", idle_seconds
         )
+        counts["dashboard_sessions", "any"] = await self._fetchval("count_prunable_sessions")
+        if audit_seconds is not None:
+            counts["audit_log", "any"] = await self._fetchval("count_prunable_audit", audit_seconds)
         return counts

@@ -76,6 +76,9 @@ class ClaimResult:
     rate_waits: Mapping[str, float] | None = None
     """A rate-limited claim that took its tokens: per bucket key, the seconds until that
     bucket's next token is due (0: one is there now). None for any other claim."""
+    waited: float | None = None
+    """A claimed job's seconds from when it became due (its ``run_at``) to this claim;
+    None when not claimed."""
 
 
 @dataclass(slots=True)  # built per job: not frozen, a frozen __init__ costs ~2.5x
@@ -171,6 +174,20 @@ class TenantSettings:
             row.get("rate_burst"),
             row.get("webhook_url"),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSettings:
+    """A lane's fleet-wide state: paused lanes' deliveries are held unclaimed."""
+
+    name: str
+    paused: bool
+    changed_at: datetime | None
+    """When it was last paused or resumed; None: never (a lane known from its types or queues)."""
+
+    @classmethod
+    def from_row(cls, row: Any) -> LaneSettings:
+        return cls(row["name"], row["paused"], row["changed_at"])
 
 
 @dataclass(frozen=True, slots=True)

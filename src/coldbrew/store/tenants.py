@@ -10,14 +10,14 @@ import asyncpg
 
 from coldbrew.sql import QUERIES
 from coldbrew.store.base import StoreBase
-from coldbrew.store.records import JobTypeSettings, TenantSettings
+from coldbrew.store.records import JobTypeSettings, LaneSettings, TenantSettings
 
 TENANTS_CHANGED = "tenants-changed"
 """NOTIFY payload that says: re-read the tenants table."""
 
 
 class TenantStore(StoreBase):
-    """Provisioned (lane, tenant) queues; tenants' and job types' settings."""
+    """Provisioned (lane, tenant) queues; tenants', lanes' and job types' settings."""
 
     async def list_tenant_queues(self) -> list[tuple[str, str]]:
         return [(row["queue"], row["tenant"]) for row in await self._fetch("list_tenant_queues")]
@@ -70,6 +70,21 @@ class TenantStore(StoreBase):
                 row = await conn.fetchrow(QUERIES["set_tenant_webhook"].text, name, url)
                 await _notify_settings_changed(conn, channel)
                 return TenantSettings.from_row(row)
+
+        return await self._run(op)
+
+    async def list_lanes(self) -> list[LaneSettings]:
+        """Every known lane (a state recorded, a type registered on it, or a tenant queue)."""
+        return [LaneSettings.from_row(row) for row in await self._fetch("list_lanes")]
+
+    async def set_lane_paused(self, name: str, paused: bool, *, channel: str) -> LaneSettings:
+        """Pause or resume a lane fleet-wide and tell the fleet, in one transaction."""
+
+        async def op(conn: asyncpg.Connection) -> LaneSettings:
+            async with conn.transaction():
+                row = await conn.fetchrow(QUERIES["set_lane_paused"].text, name, paused)
+                await _notify_settings_changed(conn, channel)
+                return LaneSettings.from_row(row)
 
         return await self._run(op)
 

@@ -10,7 +10,8 @@ Read top to bottom, this is what happens to a delivery before the runner
    reason, never into a job slot;
 3. **schedule** -- with a free slot and nothing else waiting it starts at
    once, else it waits in the fair scheduler (weights, aging, paused
-   tenants) and, for capped tenants and types, behind the cap gate;
+   tenants) and, for capped tenants and types, behind the cap gate; a
+   paused lane's delivery waits aside (``_lane_held``) until its lane resumes;
 4. **dispatch** -- while slots are free, the best eligible delivery is
    launched as a task that runs ``JobRunner.process`` (claim -> run ->
    fenced outcome -> settle) and tells the cap gate what became of it.
@@ -40,7 +41,7 @@ from coldbrew.ratelimit import Rate, default_burst, rate_key_value
 from coldbrew.rates import Bucket, RateGate, RateLimited
 from coldbrew.scheduler import TOP_CLASS, FairScheduler, Pending
 from coldbrew.settings import Settings
-from coldbrew.store import JobStore, JobTypeSettings, TenantSettings
+from coldbrew.store import JobStore, JobTypeSettings, LaneSettings, TenantSettings
 from coldbrew.transport import Inbound
 from coldbrew.worker.aging_sweep import SweepReturns
 from coldbrew.worker.dead_letters import DeadLetters
@@ -101,6 +102,10 @@ class Intake:
         self.running = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self._paused: frozenset[str] = frozenset()
+        self._paused_lanes: frozenset[str] = frozenset()
+        self._lane_held: list[Pending[Delivery]] = []
+        """Deliveries of paused lanes, unclaimed, in arrival order, until their lane resumes
+        (outside the scheduler, whose eligibility is per tenant, not per lane)."""
 
     # --- 1. hold ------------------------------------------------------------------
 
@@ -159,7 +164,9 @@ class Intake:
     # --- 3. schedule ----------------------------------------------------------------
 
     def _schedule(self, pending: Pending[Delivery]) -> None:
-        if self._starts_at_once(pending):
+        if self._lane_paused(pending):
+            self._lane_held.append(pending)
+        elif self._starts_at_once(pending):
             self._launch(pending, (), ())
         else:
             self.scheduler.push(pending)
@@ -216,6 +223,24 @@ class Intake:
             return  # our own completion: already woken here, after its commit
         self.caps.freed_elsewhere(payload)
 
+    def _lane_paused(self, pending: Pending[Delivery]) -> bool:
+        return bool(self._paused_lanes) and pending.payload.envelope.queue in self._paused_lanes
+
+    def apply_lanes(self, lanes: list[LaneSettings]) -> None:
+        """Paused lanes are held (new deliveries and those waiting here); a resumed lane's
+        held deliveries go back to the scheduler, in their arrival order."""
+        paused = frozenset(lane.name for lane in lanes if lane.paused)
+        if paused == self._paused_lanes:
+            return
+        log.info("paused_lanes", lanes=sorted(paused))
+        self._paused_lanes = paused
+        held, self._lane_held = self._lane_held, []
+        for pending in held:
+            self._schedule(pending)
+        if paused:  # deliveries of a newly paused lane waiting in the scheduler: aside
+            self._lane_held.extend(self.scheduler.remove_where(self._lane_paused))
+        self.dispatch()
+
     def _eligible(self, tenant: str) -> bool:
         if tenant in self._paused:
             return False
@@ -233,6 +258,9 @@ class Intake:
                 pending = self.scheduler.pop(time.monotonic(), self._eligible if gated else None)
                 if pending is None:
                     return
+            if self._lane_paused(pending):  # held by a gate when its lane was paused
+                self._lane_held.append(pending)
+                continue
             scopes = self.caps.scopes(pending)
             buckets = self.rates.buckets(pending)
             if (scopes or buckets) and not self._begin_gated_claim(pending, scopes, buckets):
@@ -328,7 +356,7 @@ class Intake:
         held: dict[tuple[str, str], int] = {}
         seen: set[int] = set()  # a claim in flight for a cap and a rate is in both gates
         gates = itertools.chain(self.caps.held_items(), self.rates.held_items())
-        for pending in itertools.chain(self.scheduler.items(), gates):
+        for pending in itertools.chain(self.scheduler.items(), gates, self._lane_held):
             if id(pending) in seen:
                 continue
             seen.add(id(pending))
@@ -349,6 +377,8 @@ class Intake:
         stale = self.scheduler.remove_where(lambda p: p.enqueued_at < cutoff)
         stale.extend(self.caps.remove_held_where(lambda p: p.enqueued_at < cutoff))
         stale.extend(self.rates.remove_held_where(lambda p: p.enqueued_at < cutoff))
+        stale.extend(p for p in self._lane_held if p.enqueued_at < cutoff)
+        self._lane_held = [p for p in self._lane_held if p.enqueued_at >= cutoff]
         for pending in stale:
             self.metrics.held_requeued.inc()
             await pending.payload.message.requeue()
@@ -361,6 +391,8 @@ class Intake:
         waiting = self.scheduler.drain()
         waiting.extend(self.caps.drain())
         waiting.extend(self.rates.drain())
+        waiting.extend(self._lane_held)
+        self._lane_held = []
         for pending in waiting:
             await pending.payload.message.requeue()
 

@@ -238,6 +238,7 @@ async def _build(
         on_reject=dead_letters.reject,
         on_settings=intake.apply_tenant_settings,
         on_cap_freed=intake.cap_freed_elsewhere,
+        on_lanes=intake.apply_lanes,
     )
     server = MetricsServer(  # port 0 picks a free port (tests, several workers per host)
         settings.metrics_host,

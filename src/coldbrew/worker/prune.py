@@ -58,6 +58,8 @@ class Retention:
     jobs: Mapping[str, float]
     rejected: float | None
     idle_buckets: float = IDLE_BUCKET_SECONDS
+    audit: float | None = None
+    """The dashboard's audit log (None: kept forever)."""
 
     @classmethod
     def of(cls, settings: Settings) -> Retention:
@@ -65,6 +67,7 @@ class Retention:
         return cls(
             jobs={status: seconds for status, seconds in kept.items() if seconds is not None},
             rejected=settings.retention_dead,
+            audit=settings.retention_audit,
         )
 
 
@@ -138,8 +141,11 @@ class Pruner:
             (
                 "rate_buckets",
                 lambda: history.prune_rate_buckets(self.retention.idle_buckets, self.batch),
-            )
+            ),
+            ("dashboard_sessions", lambda: history.prune_sessions(self.batch)),
         ]
+        if (audit := self.retention.audit) is not None:
+            others.append(("audit_log", lambda: history.prune_audit(audit, self.batch)))
         if (rejected := self.retention.rejected) is not None:
             others.insert(
                 0, ("rejected_messages", lambda: history.prune_rejected(rejected, self.batch))

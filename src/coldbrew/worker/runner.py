@@ -259,6 +259,8 @@ class JobRunner:
             self.metrics.observe_cron_start(claim.id, claim.started_at)
         handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
         handles.started.inc()
+        if claim.waited is not None:
+            handles.start_latency.observe(claim.waited)
         self.metrics.jobs_in_flight.inc()
         try:
             if self.lifecycle.draining:  # claimed during the drain: hand it straight back

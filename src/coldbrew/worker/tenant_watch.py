@@ -23,7 +23,7 @@ import structlog
 from coldbrew.errors import BrokerUnavailable, ContractViolation, DatabaseUnavailable
 from coldbrew.metrics import Metrics
 from coldbrew.model import split_routing_key
-from coldbrew.store import TENANTS_CHANGED, JobStore, JobTypeSettings, TenantSettings
+from coldbrew.store import TENANTS_CHANGED, JobStore, JobTypeSettings, LaneSettings, TenantSettings
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker, Inbound
 from coldbrew.worker.service import sleep_unless
@@ -32,6 +32,8 @@ log = structlog.get_logger("coldbrew.tenants")
 
 OnQueue = Callable[[str, str], Awaitable[None]]
 OnSettings = Callable[[list[TenantSettings], list[JobTypeSettings]], None]
+OnLanes = Callable[[list[LaneSettings]], None]
+"""Told every lane's state (paused or not) with each settings read."""
 OnReject = Callable[[Inbound, ContractViolation], None]
 OnCapFreed = Callable[[str, int], None]
 """Told each ``<ns>.caps`` payload with the PID of the server process that sent it."""
@@ -54,6 +56,7 @@ class TenantQueues:
         on_reject: OnReject,
         on_settings: OnSettings | None = None,
         on_cap_freed: OnCapFreed | None = None,
+        on_lanes: OnLanes | None = None,
     ) -> None:
         self.resync_seconds = resync_seconds
         self.store = store
@@ -64,6 +67,7 @@ class TenantQueues:
         self._on_reject = on_reject
         self._on_settings = on_settings
         self._on_cap_freed = on_cap_freed
+        self._on_lanes = on_lanes
         self.cap_listening = False
         """Whether freed cap places are being heard (NOTIFY) right now."""
         self._hinted: asyncio.Queue[str] = asyncio.Queue()
@@ -120,6 +124,8 @@ class TenantQueues:
         if self._on_settings is not None:
             tenants = await self.store.tenants.list_tenants()
             self._on_settings(tenants, await self.store.tenants.list_job_types())
+        if self._on_lanes is not None:  # a paused lane is announced as tenants-changed too
+            self._on_lanes(await self.store.tenants.list_lanes())
 
     async def run(self, stop: asyncio.Event) -> None:
         """LISTEN for new queues; resync on every (re)connect and every ``resync_seconds``."""

@@ -162,3 +162,59 @@ GROUP BY 1, 2;
 -- name: job_page_extras
 -- What a job's page shows beyond its status JSON: its checkpoint and the worker that holds or held it ($1 job id)
 SELECT checkpoint, worker_id FROM jobs WHERE id = $1;
+
+-- name: secret_offer
+-- Store a namespace-wide dashboard secret unless one of that name exists: the first API replica's wins ($1 name, $2 random bytes)
+INSERT INTO dashboard_secrets (name, secret) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING;
+
+-- name: secret_get
+-- The namespace-wide dashboard secret of a name, as every API replica reads it ($1 name)
+SELECT secret FROM dashboard_secrets WHERE name = $1;
+
+-- name: children_page
+-- The first child jobs of one job for its page, oldest first, by jobs_parent ($1 parent id, $2 limit)
+SELECT id, type, status::text AS status FROM jobs
+WHERE parent_id = $1
+ORDER BY created_at, id
+LIMIT $2;
+
+-- name: search_jobs_error
+-- Job search by error text through the trigram index jobs_search_error (migration 0016), with any other filter, newest first, keyset paged; the text is matched case-insensitively in the error kind, message and dead reason, as a LIKE pattern the caller escaped ($1 tenant or null, $2 status or null, $3 type or null, $4 from or null, $5 to or null, $6 escaped error text, $7 cursor created_at or null, $8 cursor id, $9 limit)
+SELECT id, type, queue, tenant, status, attempt, max_attempts, progress, created_at,
+       finished_at, error_kind, left(error_message, 300) AS error_message, dead_reason
+FROM jobs
+WHERE lower(coalesce(error_kind, '') || ' ' || coalesce(error_message, '') || ' '
+            || coalesce(dead_reason, '')) LIKE '%' || lower($6::text) || '%'
+  AND (error_kind IS NOT NULL OR error_message IS NOT NULL OR dead_reason IS NOT NULL)
+  AND ($1::text IS NULL OR tenant = $1)
+  AND ($2::job_status IS NULL OR status = $2)
+  AND ($3::text IS NULL OR type = $3)
+  AND created_at >= coalesce($4::timestamptz, '-infinity')
+  AND created_at < coalesce($5::timestamptz, 'infinity')
+  AND (created_at, id) < (coalesce($7::timestamptz, 'infinity'), $8::text)
+ORDER BY created_at DESC, id DESC
+LIMIT $9;
+
+-- name: custom_plans
+-- For the rest of this transaction, plan each statement for its own parameters: a generic plan of the error-text search cannot tell a rare text (the trigram index) from a common one (the newest-first walk stops at once) (no parameters)
+SET LOCAL plan_cache_mode = force_custom_plan;
+
+-- name: search_jobs_error_recent
+-- The error-text search over the newest rows of its scope only (at most $10, by the scope's newest-first index): when they hold a full page of matches, that page is the search's answer, found without the trigram index, which would fetch and sort every match of a common text ($1 tenant or null, $2 status or null, $3 type or null, $4 from or null, $5 to or null, $6 escaped error text, $7 cursor created_at or null, $8 cursor id, $9 limit, $10 rows looked at)
+SELECT id, type, queue, tenant, status, attempt, max_attempts, progress, created_at,
+       finished_at, error_kind, left(error_message, 300) AS error_message, dead_reason
+FROM (
+    SELECT * FROM jobs
+    WHERE ($1::text IS NULL OR tenant = $1)
+      AND ($2::job_status IS NULL OR status = $2)
+      AND ($3::text IS NULL OR type = $3)
+      AND created_at >= coalesce($4::timestamptz, '-infinity')
+      AND created_at < coalesce($5::timestamptz, 'infinity')
+      AND (created_at, id) < (coalesce($7::timestamptz, 'infinity'), $8::text)
+    ORDER BY created_at DESC, id DESC
+    LIMIT $10
+) AS recent
+WHERE lower(coalesce(error_kind, '') || ' ' || coalesce(error_message, '') || ' '
+            || coalesce(dead_reason, '')) LIKE '%' || lower($6::text) || '%'
+ORDER BY created_at DESC, id DESC
+LIMIT $9;

@@ -130,3 +130,33 @@ SELECT extract(epoch FROM now() - t.taken_at)::float8 AS age, s.queue, s.tenant,
 FROM fleet_stats_taken AS t
 LEFT JOIN fleet_stats AS s ON true
 ORDER BY s.queue, s.tenant;
+
+-- name: prune_sessions
+-- Delete up to $1 dashboard sessions that expired over a day ago (a revoked one expires too; the day lets a late request still read why it was refused), oldest first by dashboard_sessions_expiry ($1 batch size)
+DELETE FROM dashboard_sessions
+WHERE token_hash IN (
+    SELECT token_hash FROM dashboard_sessions
+    WHERE expires_at < now() - interval '1 day'
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: count_prunable_sessions
+-- The dry run of prune_sessions (no parameters)
+SELECT count(*) FROM dashboard_sessions WHERE expires_at < now() - interval '1 day';
+
+-- name: prune_audit
+-- Delete up to $2 audit-log entries older than $1 seconds, oldest first by audit_log_at ($1 retention seconds, $2 batch size)
+DELETE FROM audit_log
+WHERE id IN (
+    SELECT id FROM audit_log
+    WHERE at < now() - make_interval(secs => $1)
+    ORDER BY at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: count_prunable_audit
+-- The dry run of prune_audit ($1 retention seconds)
+SELECT count(*) FROM audit_log WHERE at < now() - make_interval(secs => $1);
