@@ -826,6 +826,7 @@ class MetricsServer:
         *,
         is_healthy: HealthCheck,
         is_ready: HealthCheck,
+        ready_details: Callable[[], Mapping[str, str]] | None = None,
         read_timeout: float = 5.0,
         max_header_bytes: int = 8192,
     ) -> None:
@@ -834,6 +835,7 @@ class MetricsServer:
         self._registry = registry
         self._is_healthy = is_healthy
         self._is_ready = is_ready
+        self._ready_details = ready_details  # added to /readyz's body (which nodes)
         self._read_timeout = read_timeout
         self._max_header_bytes = max_header_bytes
         self._server: asyncio.Server | None = None
@@ -938,8 +940,9 @@ class MetricsServer:
             return _Response(405, _TEXT, b"method not allowed\n", (("Allow", "GET, HEAD"),))
         if request.path == "/metrics":
             return self._render_metrics(request.headers.get("accept", ""))
-        check = self._is_healthy if request.path == "/healthz" else self._is_ready
-        return _probe(check)
+        if request.path == "/healthz":
+            return _probe(self._is_healthy)
+        return _probe(self._is_ready, self._ready_details)
 
     def _render_metrics(self, accept: str) -> _Response:
         """Render in the format the scraper asked for (text 0.0.4 unless it wants OpenMetrics)."""
@@ -970,7 +973,7 @@ class MetricsServer:
             await writer.drain()
 
 
-def _probe(check: HealthCheck) -> _Response:
+def _probe(check: HealthCheck, details: Callable[[], Mapping[str, str]] | None = None) -> _Response:
     """Turn a probe callback into 200 or 503; a raising callback counts as not ok."""
     try:
         ok, reason = check()
@@ -980,4 +983,9 @@ def _probe(check: HealthCheck) -> _Response:
         body: dict[str, str] = {"status": "ok"}
     else:
         body = {"status": "unavailable", "reason": reason}
+    if details is not None:
+        try:
+            body.update(details())
+        except Exception as exc:  # noqa: BLE001 - details are extra: the probe still answers
+            body["details"] = f"unavailable ({type(exc).__name__})"
     return _Response(200 if ok else 503, _JSON, json.dumps(body, separators=(",", ":")).encode())

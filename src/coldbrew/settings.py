@@ -62,8 +62,32 @@ def parse_api_keys(text: str) -> dict[str, str]:
     return keys
 
 
+# A comma that starts another URL (``…,amqp://…``): commas inside one URL (libpq's
+# ``host1:5432,host2:5432``, or an unencoded one in a password) do not split it.
+_NEXT_URL = re.compile(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+TARGET_SESSION_ATTRS = frozenset(
+    {"any", "primary", "standby", "prefer-standby", "read-write", "read-only"}
+)
+
+
+def split_urls(text: str) -> list[str]:
+    """``COLDBREW_AMQP_URL``'s list: the URLs in order, blanks dropped."""
+    return [part.strip(" ,") for part in _NEXT_URL.split(text) if part.strip(" ,")]
+
+
 def mask_url(url: str) -> str:
-    """Return ``url`` with its password (userinfo or libpq ``?password=``) shown as ``***``."""
+    """Return ``url`` with its password (userinfo or libpq ``?password=``) shown as ``***``.
+
+    A comma-separated list of URLs is masked one by one; a libpq multi-host
+    URL (``user:pw@h1:5432,h2:5432``) is one URL with one password.
+    """
+    urls = split_urls(url)
+    if len(urls) > 1:
+        return ",".join(_mask_one(one) for one in urls)
+    return _mask_one(url)
+
+
+def _mask_one(url: str) -> str:
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -77,6 +101,49 @@ def mask_url(url: str) -> str:
         query = [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in query]
         masked = masked._replace(query=urlencode(query, safe="*"))
     return url if masked is parts else urlunsplit(masked)
+
+
+def _check_amqp_one(url: str, position: int) -> None:
+    """One broker URL of the list (``position`` 0 when it is alone), or ``ValueError``."""
+    where = f"URL {position} " if position else ""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{where}is not a valid URL ({exc})") from None
+    if parts.scheme not in ("amqp", "amqps"):
+        raise ValueError(f"{where}must start with amqp:// or amqps://")
+    if not parts.hostname:
+        raise ValueError(f"{where}names no host")
+    if port == 0:
+        raise ValueError(f"{where}has port 0")
+
+
+def check_database_url(url: str) -> None:
+    """A libpq URL, one host or several (``postgresql://h1:5432,h2:5432/db``), or ``ValueError``.
+
+    Each host's port must be a number, and ``target_session_attrs`` one that
+    asyncpg knows (``read-write`` picks the primary of a list).
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ValueError(f"is not a valid URL ({exc})") from None
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ValueError("must start with postgresql://")
+    hosts = parts.netloc.rpartition("@")[2]
+    for position, host in enumerate(hosts.split(",") if hosts else [], 1):
+        name, port = host, ""
+        if ":" in host and not host.endswith("]"):  # [::1] alone is an address, no port
+            name, _, port = host.rpartition(":")
+        if not name:
+            raise ValueError(f"host {position} of the host list is empty")
+        if port and not (port.isdigit() and 0 < int(port) < 65_536):
+            raise ValueError(f"host {position} has an invalid port {port!r}")
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key == "target_session_attrs" and value not in TARGET_SESSION_ATTRS:
+            allowed = ", ".join(sorted(TARGET_SESSION_ATTRS))
+            raise ValueError(f"target_session_attrs must be one of {allowed}, not {value!r}")
 
 
 RETENTION_FIELDS = (
@@ -284,15 +351,17 @@ class Settings(BaseSettings):
     @field_validator("amqp_url")
     @classmethod
     def _check_amqp_url(cls, value: str) -> str:
-        if urlsplit(value).scheme not in ("amqp", "amqps"):
-            raise ValueError("must start with amqp:// or amqps://")
+        urls = split_urls(value)
+        if not urls:
+            raise ValueError("must name at least one amqp:// or amqps:// URL")
+        for position, url in enumerate(urls, 1):
+            _check_amqp_one(url, position if len(urls) > 1 else 0)
         return value
 
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, value: str) -> str:
-        if urlsplit(value).scheme not in ("postgresql", "postgres"):
-            raise ValueError("must start with postgresql://")
+        check_database_url(value)
         return value
 
     @field_validator("api_keys")
@@ -384,6 +453,11 @@ class Settings(BaseSettings):
     def api_key_map(self) -> dict[str, str]:
         """``COLDBREW_API_KEYS`` parsed: API key → tenant."""
         return parse_api_keys(self.api_keys)
+
+    @property
+    def amqp_urls(self) -> list[str]:
+        """``COLDBREW_AMQP_URL`` as its list of broker URLs, in failover order."""
+        return split_urls(self.amqp_url)
 
     def safe_amqp_url(self) -> str:
         return mask_url(self.amqp_url)

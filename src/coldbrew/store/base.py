@@ -66,6 +66,16 @@ def connection_settings(namespace: str) -> dict[str, str]:
     return {"search_path": namespace, "application_name": f"coldbrew:{namespace}"}
 
 
+def server_node(conn: asyncpg.Connection) -> str:
+    """``host:port`` (or the socket path) ``conn`` is connected to: which of a multi-host
+    URL's hosts. asyncpg keeps the address it connected to in ``_addr`` (0.2x to 0.32)."""
+    addr = getattr(conn, "_addr", None)
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host = str(addr[0])
+        return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+    return str(addr) if addr else "unknown"
+
+
 def _encode_json(value: Any) -> str:
     return value if type(value) is RawJSON else json.dumps(value)
 

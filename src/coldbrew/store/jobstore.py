@@ -17,8 +17,8 @@ import asyncpg
 
 from coldbrew.batching import GroupCommit
 from coldbrew.errors import SchemaOutOfDate
-from coldbrew.sql import LATEST_VERSION
-from coldbrew.store.base import Database, StoreBase, open_pool
+from coldbrew.sql import LATEST_VERSION, QUERIES
+from coldbrew.store.base import Database, StoreBase, open_pool, server_node
 from coldbrew.store.batches import BatchRows
 from coldbrew.store.capacity import CapacityStore
 from coldbrew.store.caps import CapStore
@@ -134,8 +134,15 @@ class JobStore(StoreBase):
                 f"{LATEST_VERSION}: run `coldbrew migrate`"
             )
 
-    async def ping(self) -> None:
-        await self._fetchval("ping")
+    async def ping(self) -> str:
+        """Run a trivial query; return the ``host:port`` that answered it (of a multi-host
+        ``COLDBREW_DATABASE_URL``, the one the pool is on: /readyz reports it)."""
+
+        async def op(conn: asyncpg.Connection) -> str:
+            await conn.fetchval(QUERIES["ping"].text)
+            return server_node(conn)
+
+        return await self._run(op)
 
     def listen(
         self, channel: str, callback: Callable[[str], None]

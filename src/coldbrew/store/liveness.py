@@ -20,7 +20,13 @@ import asyncpg
 from coldbrew.errors import DatabaseUnavailable, TransientDatabaseError
 from coldbrew.settings import mask_url
 from coldbrew.sql import QUERIES
-from coldbrew.store.base import CONNECTION_ERRORS, StoreBase, connection_settings, transient
+from coldbrew.store.base import (
+    CONNECTION_ERRORS,
+    StoreBase,
+    connection_settings,
+    server_node,
+    transient,
+)
 
 T = TypeVar("T")
 
@@ -30,9 +36,18 @@ class LivenessStore(StoreBase):
 
     async def server_clock(self) -> tuple[datetime, datetime]:
         """The server's ``now()`` and start time (a restart changes the latter)."""
-        row = await self._fetchrow("server_clock")
-        assert row is not None  # a SELECT without FROM returns one row
-        return row["now"], row["server_started"]
+        now, started, _ = await self.server_contact()
+        return now, started
+
+    async def server_contact(self) -> tuple[datetime, datetime, str]:
+        """``server_clock`` and the ``host:port`` that answered: a change of either start
+        time or host (a multi-host URL's failover, a promoted standby) is a new server."""
+
+        async def op(conn: asyncpg.Connection) -> tuple[datetime, datetime, str]:
+            row = await conn.fetchrow(QUERIES["server_clock"].text)
+            return row["now"], row["server_started"], server_node(conn)
+
+        return await self._run(op)
 
     async def open_liveness_session(
         self, worker_id: str, *, keepalive_seconds: float

@@ -40,11 +40,16 @@ class Broker:
         publish_timeout: float = 30.0,
         heartbeat: int | None = None,
         consume_channels: int = 1,
+        spread_key: str | None = None,
     ) -> None:
         self.url = url
         self.topology = topology
         self._connection = BrokerConnection(
-            url, name=name, reconnect_interval=reconnect_interval, heartbeat=heartbeat
+            url,
+            name=name,
+            reconnect_interval=reconnect_interval,
+            heartbeat=heartbeat,
+            spread_key=spread_key,
         )
         self._publish_timeout = publish_timeout
         self._channel: AbstractRobustChannel | None = None
@@ -72,6 +77,11 @@ class Broker:
     @property
     def connected(self) -> bool:
         return self._connection.connected
+
+    @property
+    def node(self) -> str:
+        """The broker URL (masked) this process is connected to: one of ``COLDBREW_AMQP_URL``'s."""
+        return self._connection.node
 
     async def redeclare_topology(self) -> None:
         """Declare the exchanges and the unrouted and dead queues again, with their bindings

@@ -28,8 +28,9 @@ class DatabaseHealth:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                await self.store.ping()
+                node = await self.store.ping()
                 self.lifecycle.set_database_ok(True)
+                self.lifecycle.set_database_node(node)
             except DatabaseUnavailable:
                 self.lifecycle.set_database_ok(False)
             await sleep_unless(stop, PING_SECONDS)

@@ -35,6 +35,8 @@ class Lifecycle:
         self.services_stop = asyncio.Event()
         """Set after the drain: the background services return."""
         self.database_ok = True
+        self.database_node = ""
+        """The PostgreSQL host:port of ``COLDBREW_DATABASE_URL`` that last answered."""
         self.fatal: BaseException | None = None
 
     @property
@@ -61,6 +63,12 @@ class Lifecycle:
         if ok != self.database_ok:
             log.info("database_health", ok=ok)
         self.database_ok = ok
+
+    def set_database_node(self, node: str) -> None:
+        """Record which PostgreSQL host answered (a change is a failover)."""
+        if node != self.database_node:
+            log.info("database_node", node=node, previous=self.database_node or None)
+        self.database_node = node
 
     def die(self, exc: BaseException) -> None:
         """A part failed in a way the worker cannot go on from: drain, then raise ``exc``."""

@@ -134,6 +134,7 @@ async def open_parts(stack: AsyncExitStack, shared: Shared) -> Parts:
         name=f"coldbrew-worker:{settings.worker_id}",
         heartbeat=settings.amqp_heartbeat_seconds,
         consume_channels=settings.consume_channels,
+        spread_key=settings.worker_id,  # where in COLDBREW_AMQP_URL's list it starts
     )
     await broker.connect(prefetch=settings.effective_prefetch)
     stack.push_async_callback(broker.close)
@@ -245,6 +246,10 @@ async def _build(
         metrics.registry,
         is_healthy=shared.lifecycle.health,
         is_ready=lambda: readiness(shared.lifecycle, broker),
+        ready_details=lambda: {
+            "broker": broker.node,
+            "database": shared.lifecycle.database_node,
+        },
     )
     await stack.enter_async_context(server)
     metrics.watch_worker(

@@ -62,6 +62,12 @@ class Reaper:
         self._contact: datetime | None = None  # server time of the last statement that answered
         self._lost_contact = False  # a step failed on an outage since that contact
         self._hold_until = 0.0  # monotonic: reap nothing before this (one lease after an outage)
+        self._server: tuple[datetime, str] | None = None  # start time and host of the last contact
+
+    @property
+    def holding(self) -> bool:
+        """Whether the reaper is holding (reaps nothing) after an outage or a failover."""
+        return time.monotonic() < self._hold_until
 
     async def run(self, stop: asyncio.Event) -> None:
         # through an outage, retry every couple of seconds rather than backing off to 30 s:
@@ -78,8 +84,9 @@ class Reaper:
     async def reap_expired(self) -> int:
         """Make jobs whose lease expired due again (or dead); return how many."""
         try:
-            now, server_started = await self.store.liveness.server_clock()
-            if self._outage_ended(now):
+            now, server_started, node = await self.store.liveness.server_contact()
+            server = (server_started, node)
+            if self._outage_ended(now) or self._server_changed(server):
                 self._hold_until = time.monotonic() + self.lease_seconds
                 log.info("reaper_holds_after_outage", seconds=self.lease_seconds)
             self._contact = now
@@ -96,6 +103,14 @@ class Reaper:
             raise
         await self.settle(rows, "lease_expired")
         return len(rows)
+
+    def _server_changed(self, server: tuple[datetime, str]) -> bool:
+        """Whether this contact reached another server than the last (a failover to the
+        next host of a multi-host URL, or a promoted standby: its own start time). The
+        pool reconnects without an error the reaper would see, and the workers on the
+        old server were cut off all the same: hold as after an outage."""
+        previous, self._server = self._server, server
+        return previous is not None and previous != server
 
     def _outage_ended(self, now: datetime) -> bool:
         """Whether this contact is the first after an outage (a failure, or a long gap)."""
