@@ -13,6 +13,7 @@ import random
 import re
 import subprocess
 import urllib.request
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,8 +125,13 @@ class ClusterFleet(Fleet):
     def env(self, port: int) -> dict[str, str]:
         env = super().env(port)
         first = self.started % len(self.amqp_urls)
-        urls = self.amqp_urls[first:] + self.amqp_urls[:first]
-        env["COLDBREW_AMQP_URL"] = ",".join(urls if self.fail_over else urls[:1])
+        if self.fail_over:
+            # the whole list; a process starts at the URL its worker id hashes to
+            # (transport/connection.py start_index), so pick an id that hashes to node i
+            env["COLDBREW_AMQP_URL"] = ",".join(self.amqp_urls)
+            env["COLDBREW_WORKER_ID"] = worker_id_for(first, len(self.amqp_urls), self.started)
+        else:
+            env["COLDBREW_AMQP_URL"] = self.amqp_urls[first]
         return env
 
     def start_one(self) -> WorkerProcess:
@@ -133,6 +139,16 @@ class ClusterFleet(Fleet):
         self.node_of[worker.pid] = self.started % len(self.amqp_urls) + 1
         self.started += 1
         return worker
+
+
+def worker_id_for(index: int, count: int, serial: int) -> str:
+    """A worker id whose CRC-32 picks broker URL ``index`` of ``count`` first, as
+    COLDBREW_AMQP_URL's list does (transport/connection.py ``start_index``)."""
+    for salt in range(10_000):
+        candidate = f"cluster-w{serial}-{salt}"
+        if zlib.crc32(candidate.encode()) % count == index:
+            return candidate
+    raise AssertionError("no worker id hashes to that node")  # 1 in 3 does: unreachable
 
 
 _SAMPLE = re.compile(r"^(coldbrew_(?:redeliveries|duplicate_deliveries)_total)\{?[^}]*\}? (\S+)$")
@@ -159,8 +175,10 @@ def delivery_counts(fleet: Fleet) -> dict[str, float]:
     return totals
 
 
-async def lane_recoveries(database_url: str, namespace: str, fault_at: float) -> dict[str, float]:
-    """For each lane (queue.tenant) with jobs that first started after ``fault_at``, the
+async def lane_recoveries(
+    database_url: str, namespace: str, ids: list[str], fault_at: float
+) -> dict[str, float]:
+    """For each lane (queue.tenant) with jobs of ``ids`` that first started after ``fault_at``, the
     longest time it went without starting one, from the fault on: how long the fault held
     the lane up. A lane whose queue lived on a dead node stops once the deliveries its
     workers held have run, and starts again when its queue is back (a new quorum leader, or
@@ -173,8 +191,9 @@ async def lane_recoveries(database_url: str, namespace: str, fault_at: float) ->
             " FROM (SELECT job_id, min(extract(epoch FROM started_at)) AS t"
             "       FROM fault_attempts GROUP BY job_id) a"
             " JOIN jobs j ON j.id = a.job_id"
-            " WHERE a.t > $1 ORDER BY 1, 2",
+            " WHERE a.t > $1 AND j.id = ANY($2) ORDER BY 1, 2",
             fault_at,
+            ids,
         )
     finally:
         await conn.close()

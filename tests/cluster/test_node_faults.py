@@ -21,11 +21,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from coldbrew.app import load_app
@@ -39,8 +42,9 @@ from tests.cluster.scenario import (
     quorum_available,
     submit_concurrently,
 )
-from tests.faults.harness import FAULT_APP, check_guarantees, wait_all_terminal
-from tests.helpers import make_settings
+from tests.e2e.test_api import tail, wait_listening
+from tests.faults.harness import FAULT_APP, REPO, check_guarantees, wait_all_terminal
+from tests.helpers import free_port, make_settings
 
 # exclusive: they kill and stop the cluster's nodes, and bound recovery in wall time
 pytestmark = [pytest.mark.slow, pytest.mark.exclusive, pytest.mark.timeout(300)]
@@ -49,7 +53,11 @@ JOBS = 500
 LEASE = 4.0
 REAPER = 0.5
 RECOVERY_BOUND = LEASE + REAPER + 5.0
-CONCURRENCY = 30  # 90 slots for 500 jobs of 0.1-5 s: a run of about 15 s, so faults land mid-run
+# 75 slots for 500 jobs of 0.1-5 s: a run of about 20 s, so that faults land mid-run; and a
+# small prefetch, so that the backlog waits in the broker's queues (where a node fault can
+# reach it) rather than in the workers' memory
+CONCURRENCY = 25
+PREFETCH = 5
 
 QUORUM = quorum_available()
 FAIL_OVER = amqp_list_available()
@@ -77,6 +85,7 @@ def fleet_for(
         heartbeat_seconds=1.0,
         reaper_interval_seconds=REAPER,
         concurrency=CONCURRENCY,
+        prefetch=PREFETCH,
         processes=2,
         shutdown_grace_seconds=2.0,
         amqp_heartbeat_seconds=2,
@@ -114,11 +123,13 @@ async def run_scenario(
     fault: Fault,
     *,
     strict: bool = True,
+    extra_ids: list[str] | None = None,
 ) -> dict[str, Any]:
     """Start the fleet, submit the load, do ``fault`` about 3 s in, wait, check, measure.
 
     ``strict``: assert the guarantees and the recovery bound; otherwise measure and
-    return what went wrong in ``figures["violations"]``.
+    return what went wrong in ``figures["violations"]``. ``extra_ids``: jobs submitted
+    elsewhere (over HTTP, also during the fault), checked with the rest.
     """
     namespace = fleet.settings.namespace
     began = time.time()
@@ -135,6 +146,8 @@ async def run_scenario(
         "submit_s": round(submitted - started, 1),
     }
     figures.update(await fault(fleet))
+    load_ids = list(ids)  # the lanes' recovery is measured on these: extra ids come late
+    ids += extra_ids or []
     violations: list[str] = []
     try:
         await wait_all_terminal(namespace, ids, timeout=150, database_url=cluster.database_url)
@@ -156,7 +169,7 @@ async def run_scenario(
         if strict:
             raise
         violations.append(str(exc)[:500])
-    lanes = await lane_recoveries(cluster.database_url, namespace, fault_at)
+    lanes = await lane_recoveries(cluster.database_url, namespace, load_ids, fault_at)
     figures["recovery_s"] = max(lanes.values(), default=0.0)
     figures["lanes_recovery_s"] = lanes
     dead_workers = [w.pid for w in fleet.workers if w.process.poll() is not None]
@@ -244,3 +257,98 @@ async def test_classic_kill_9_busiest_node(
     fleets.append(fleet)
     figures = await run_scenario(cluster, fleet, kill_busiest_node(cluster), strict=False)
     report(capsys, "classic-kill-9-node", figures)
+
+
+API_KEY = "cluster-key-0123456789abcdef"
+
+
+async def start_api(fleet: ClusterFleet, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``coldbrew api`` on the fleet's settings, with API_KEY for tenant acme."""
+    port = free_port()
+    env = fleet.env(free_port())
+    env.update(COLDBREW_API_KEYS=f"{API_KEY}:acme", COLDBREW_API_PORT=str(port))
+    with log.open("wb") as out:
+        api = subprocess.Popen(  # noqa: S603 - our own CLI
+            [sys.executable, "-m", "coldbrew", "api", "--app", FAULT_APP],
+            env=env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    await wait_listening(base, api, log)
+    return api, base
+
+
+async def submit_over_http(http: httpx.AsyncClient, count: int, within: float) -> list[str]:
+    """``count`` work jobs through POST /jobs, each retried with its Idempotency-Key until
+    it is accepted (a 503 while the database fails over), all within ``within`` s."""
+    ids = []
+    deadline = time.monotonic() + within
+    for index in range(count):
+        key = f"http-{time.time_ns()}-{index}"
+        while True:
+            try:
+                response = await http.post(
+                    "/jobs",
+                    json={"type": "work", "args": {"seconds": 0.5}},
+                    headers={"Idempotency-Key": key},
+                )
+                if response.status_code == 202:
+                    ids.append(response.json()["id"])
+                    break
+                assert response.status_code == 503, response.text
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"the API accepted {len(ids)} of {count}"
+            await asyncio.sleep(0.2)
+    return ids
+
+
+@NEEDS_FAIL_OVER
+async def test_postgres_primary_killed_and_standby_promoted(
+    cluster: Cluster,
+    cluster_namespace: str,
+    fleets: list[ClusterFleet],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """kill -9 the PostgreSQL primary mid-run, promote the standby 2 s later: workers and
+    `coldbrew api` follow it (target_session_attrs=read-write) and nothing is lost: what
+    the primary acknowledged, the synchronous standby had."""
+    queue_type = "quorum" if QUORUM else "classic"
+    fleet = fleet_for(cluster, cluster_namespace, tmp_path, queue_type=queue_type, fail_over=True)
+    fleets.append(fleet)
+    api, base = await start_api(fleet, tmp_path / "api.log")
+    http_ids: list[str] = []
+    try:
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10
+        ) as http:
+            http_ids += await submit_over_http(http, 20, within=30)
+
+            async def kill_primary(fleet: ClusterFleet) -> dict[str, Any]:
+                killed_at = time.time()
+                await asyncio.to_thread(cluster.ctl, "kill-pg", "primary")
+                await asyncio.sleep(2.0)
+                promoted = (await asyncio.to_thread(cluster.ctl, "promote")).strip()
+                promoted_at = time.time()
+                # the API follows: submissions are accepted again, on the new primary
+                http_ids.extend(await submit_over_http(http, 20, within=RECOVERY_BOUND + 20))
+                return {
+                    "queue_type": queue_type,
+                    "promoted": promoted,
+                    "promote_s": round(promoted_at - killed_at, 1),
+                    "api_accepting_again_s": round(time.time() - killed_at, 1),
+                }
+
+            figures = await run_scenario(cluster, fleet, kill_primary, extra_ids=http_ids)
+            for job_id in http_ids[:5]:  # and it reads from the new primary
+                response = await http.get(f"/jobs/{job_id}")
+                assert response.status_code == 200, response.text
+                assert response.json()["status"] == "succeeded", response.text
+        assert api.poll() is None, tail(tmp_path / "api.log")
+    finally:
+        api.terminate()
+        await asyncio.to_thread(api.wait, 30)
+    report(capsys, "postgres-failover", figures)
