@@ -178,7 +178,7 @@ def delivery_counts(fleet: Fleet) -> dict[str, float]:
 async def lane_recoveries(
     database_url: str, namespace: str, ids: list[str], fault_at: float
 ) -> dict[str, float]:
-    """For each lane (queue.tenant) with jobs of ``ids`` that first started after ``fault_at``, the
+    """For each lane (queue.tenant) with jobs of ``ids`` that started after ``fault_at``, the
     longest time it went without starting one, from the fault on: how long the fault held
     the lane up. A lane whose queue lived on a dead node stops once the deliveries its
     workers held have run, and starts again when its queue is back (a new quorum leader, or
@@ -186,12 +186,11 @@ async def lane_recoveries(
     for a free worker slot counts too, so this is an upper bound."""
     conn = await asyncpg.connect(database_url, server_settings={"search_path": namespace})
     try:
+        # jobs.started_at: the start of the attempt that finished the job, for pool jobs too
+        # (fault_attempts has the coroutine jobs' attempts only)
         rows = await conn.fetch(
-            "SELECT j.queue || '.' || j.tenant AS lane, a.t"
-            " FROM (SELECT job_id, min(extract(epoch FROM started_at)) AS t"
-            "       FROM fault_attempts GROUP BY job_id) a"
-            " JOIN jobs j ON j.id = a.job_id"
-            " WHERE a.t > $1 AND j.id = ANY($2) ORDER BY 1, 2",
+            "SELECT queue || '.' || tenant AS lane, extract(epoch FROM started_at) AS t"
+            " FROM jobs WHERE id = ANY($2) AND started_at > to_timestamp($1) ORDER BY 1, 2",
             fault_at,
             ids,
         )
@@ -205,20 +204,6 @@ async def lane_recoveries(
         gaps[lane] = round(max(gaps.get(lane, 0.0), gap), 2)
         last[lane] = started
     return gaps
-
-
-async def first_start_after(database_url: str, namespace: str, moment: float) -> float | None:
-    """Seconds from ``moment`` until the first attempt that started after it."""
-    conn = await asyncpg.connect(database_url, server_settings={"search_path": namespace})
-    try:
-        value = await conn.fetchval(
-            "SELECT min(extract(epoch FROM started_at)) FROM fault_attempts"
-            " WHERE extract(epoch FROM started_at) > $1",
-            moment,
-        )
-    finally:
-        await conn.close()
-    return None if value is None else round(float(value) - moment, 2)
 
 
 async def cleanup_cluster_namespace(cluster: Cluster, namespace: str) -> None:
