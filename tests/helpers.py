@@ -92,8 +92,7 @@ async def drop_broker_entities(namespace: str, pairs: list[tuple[str, str]]) -> 
     connection = await aio_pika.connect(AMQP_URL)
     try:
         channel = await connection.channel()
-        names = [topo.unrouted_queue, topo.dead_queue] + [topo.job_queue(q, t) for q, t in pairs]
-        for name in names:
+        for name in topo.every_queue_name(pairs):
             await channel.queue_delete(name)
         for name in (topo.jobs_exchange, topo.unrouted_exchange, topo.dead_exchange):
             await channel.exchange_delete(name)

@@ -37,7 +37,6 @@ from coldbrew.model import (
 )
 from coldbrew.settings import Settings, load_settings
 from coldbrew.store import ChainRecord, ClaimRequest, JobStore, RegisteredType, UniqueKey
-from coldbrew.topology import Topology
 from coldbrew.transport import Broker
 from coldbrew.unique import UniqueError, UniqueOpts, merged
 from coldbrew.urlguard import check_webhook_url
@@ -130,9 +129,7 @@ class Client:
                 await store.check_schema()
             connected = None
             if broker:
-                connected = Broker(
-                    settings.amqp_url, Topology(settings.namespace), name="coldbrew-client"
-                )
+                connected = Broker(settings.amqp_url, settings.topology(), name="coldbrew-client")
                 await connected.connect()
                 stack.push_async_callback(connected.close)
             yield cls(settings, store, connected, app)

@@ -253,14 +253,16 @@ Try it by hand (in two terminals):
 
 async def _cleanup(settings: Settings) -> None:
     await drop_namespace(settings.database_url, settings.namespace)
-    topo = Topology(settings.namespace)
+    topo = settings.topology()
     connection = await aio_pika.connect(settings.amqp_url)
     try:
         channel = await connection.channel()
-        for lane in ("default", "slow"):
-            for tenant in ("default", "acme", "globex", "initech"):
-                await channel.queue_delete(topo.job_queue(lane, tenant))
-        for queue in (topo.unrouted_queue, topo.dead_queue):
+        pairs = [
+            (lane, t)
+            for lane in ("default", "slow")
+            for t in ("default", "acme", "globex", "initech")
+        ]
+        for queue in topo.every_queue_name(pairs):
             await channel.queue_delete(queue)
         for exchange in (topo.jobs_exchange, topo.unrouted_exchange, topo.dead_exchange):
             await channel.exchange_delete(exchange)

@@ -346,8 +346,13 @@ def check_job_id(job_id: str) -> None:
 
 
 def split_routing_key(key: str) -> tuple[str, str]:
-    """``<queue>.<tenant>`` → (queue, tenant), both checked against ``[a-z0-9_-]{1,64}``."""
+    """``<queue>.<tenant>`` → (queue, tenant), both checked against ``[a-z0-9_-]{1,64}``.
+
+    The banded form ``<queue>.<tenant>.<priority>`` (one digit; quorum mode's priority
+    bands, topology.py) names the same pair: the digit only chose the queue it waited in."""
     queue, dot, tenant = key.partition(".")
+    if len(tenant) > 2 and tenant[-2] == "." and tenant[-1] in "0123456789":
+        tenant = tenant[:-2]
     if not dot:
         raise ContractViolation(
             "invalid_routing_key", f"routing key {key!r} is not <queue>.<tenant>"

@@ -27,6 +27,7 @@ from pydantic_settings import (
 from coldbrew.crontab import CronSpec, parse_config
 from coldbrew.durations import DurationError, parse_duration
 from coldbrew.errors import ConfigurationError, ContractViolation
+from coldbrew.topology import Topology
 from coldbrew.urlguard import check_webhook_url
 
 ENV_PREFIX = "COLDBREW_"
@@ -219,6 +220,9 @@ class Settings(BaseSettings):
     prefetch: Annotated[int, Field(ge=0, le=65_535)] = 0
     consume_channels: Annotated[int, Field(ge=1, le=1024)] = 64
     queues: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # --- quorum queues (topology.py): the layout of every queue this namespace declares ---
+    queue_type: Literal["classic", "quorum"] = "classic"
+    priority_bands: Annotated[int, Field(ge=1, le=10)] = 3
 
     lease_seconds: Annotated[float, Field(gt=0)] = 30.0
     claim_commit: Literal["sync", "async"] = "async"
@@ -318,6 +322,10 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """A plain variable beats ``*_FILE``, which beats ``.env``."""
         return (init_settings, env_settings, _FileSecretsSource(settings_cls), dotenv_settings)
+
+    def topology(self) -> Topology:
+        """This namespace's broker names and arguments, in its queue layout."""
+        return Topology(self.namespace, self.queue_type, self.priority_bands)
 
     @field_validator("queues", mode="before")
     @classmethod

@@ -42,7 +42,6 @@ from coldbrew.migrate import drop_namespace, migrate
 from coldbrew.model import JobFields, JobRecord
 from coldbrew.settings import Settings, load_settings
 from coldbrew.store import JobStore
-from coldbrew.topology import Topology
 from coldbrew.worker import Worker
 
 __all__ = ["Harness", "InlineRun", "burst", "run_inline"]
@@ -176,13 +175,11 @@ async def burst(
 
 
 async def _drop_broker_entities(settings: Settings, queues: list[tuple[str, str]]) -> None:
-    topo = Topology(settings.namespace)
+    topo = settings.topology()
     connection = await aio_pika.connect(settings.amqp_url.split(",")[0])
     try:
         channel = await connection.channel()
-        for lane, tenant in queues:
-            await channel.queue_delete(topo.job_queue(lane, tenant))
-        for queue in (topo.unrouted_queue, topo.dead_queue):
+        for queue in topo.every_queue_name(queues):
             await channel.queue_delete(queue)
         for exchange in (topo.jobs_exchange, topo.unrouted_exchange, topo.dead_exchange):
             await channel.exchange_delete(exchange)

@@ -96,3 +96,100 @@ def test_longest_names_fit_amqp_limits() -> None:
     assert re.fullmatch(NAME_PATTERN, name)
     assert not re.fullmatch(NAME_PATTERN, name + "x")
     assert len(Topology(namespace).job_queue(name, name).encode()) <= 255
+
+
+# --- quorum mode: priority bands (COLDBREW_QUEUE_TYPE=quorum) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("bands", "ranges"),
+    [
+        (1, [(0, 9)]),
+        (2, [(0, 4), (5, 9)]),
+        (3, [(0, 3), (4, 6), (7, 9)]),
+        (4, [(0, 2), (3, 5), (6, 7), (8, 9)]),
+        (10, [(p, p) for p in range(10)]),
+    ],
+)
+def test_bands_split_the_ten_priorities(bands: int, ranges: list[tuple[int, int]]) -> None:
+    """Contiguous, covering 0..9, the lowest bands taking the remainder."""
+    topo = Topology("ns", "quorum", bands)
+    assert topo.band_ranges() == ranges
+    for band, (low, high) in enumerate(ranges):
+        assert {topo.band_of(p) for p in range(low, high + 1)} == {band}
+    assert topo.band_of(-3) == 0
+    assert topo.band_of(42) == bands - 1
+
+
+def test_quorum_names_differ_from_classic_and_parse_back() -> None:
+    """A queue's type cannot change: quorum queues have names of their own, which the
+    reconciler maps back to their (lane, tenant) like classic ones."""
+    classic, quorum = Topology("ns"), Topology("ns", "quorum", 3)
+    assert quorum.job_queues("slow", "acme") == [
+        "ns.qq.slow.acme.p7-9",
+        "ns.qq.slow.acme.p4-6",
+        "ns.qq.slow.acme.p0-3",
+    ]
+    assert classic.job_queues("slow", "acme") == ["ns.q.slow.acme"]
+    assert (quorum.unrouted_queue, quorum.dead_queue) == ("ns.qq.unrouted", "ns.qq.dead")
+    assert not set(quorum.every_queue_name([])) - {
+        "ns.unrouted",
+        "ns.dead",
+        "ns.qq.unrouted",
+        "ns.qq.dead",
+    }
+    for name in quorum.job_queues("slow", "acme") + classic.job_queues("slow", "acme"):
+        assert classic.job_queue_pair(name) == ("slow", "acme")
+        assert quorum.job_queue_pair(name) == ("slow", "acme")
+    for name in ["ns.qq.unrouted", "ns.qq.dead", "ns.qq.slow.acme", "ns.qq.slow.acme.x1-2"]:
+        assert quorum.job_queue_pair(name) is None, name
+
+
+def test_quorum_bindings_route_every_key_to_one_band() -> None:
+    """Each banded key reaches exactly its priority's band; the plain key (a raw producer
+    naming no band) reaches the lowest band; classic keeps the one plain binding."""
+    topo = Topology("ns", "quorum", 3)
+    bindings = topo.job_queue_bindings("default", "t")
+    keys = [key for _, key in bindings]
+    assert len(keys) == len(set(keys)) == 11
+    routed = dict((key, queue) for queue, key in bindings)
+    assert routed["default.t"] == "ns.qq.default.t.p0-3"
+    for priority in range(10):
+        band = topo.band_of(priority)
+        assert routed[f"default.t.{priority}"] == topo.band_queue("default", "t", band)
+        assert topo.routing_key("default", "t", priority) == f"default.t.{priority}"
+    assert Topology("ns").job_queue_bindings("default", "t") == [("ns.q.default.t", "default.t")]
+    assert Topology("ns").routing_key("default", "t", 7) == "default.t"
+
+
+def test_banded_routing_keys_name_the_same_pair() -> None:
+    """``<lane>.<tenant>.<digit>`` parses as (lane, tenant); anything else with a dot in the
+    tenant is still refused."""
+    assert model.split_routing_key("default.acme.7") == ("default", "acme")
+    assert model.split_routing_key("default.acme") == ("default", "acme")
+    for bad in ["default.acme.77", "default.acme.x", "default.acme.", "default.a.b.1"]:
+        with pytest.raises(model.ContractViolation):
+            model.split_routing_key(bad)
+
+
+def test_quorum_arguments_never_drop_a_message() -> None:
+    """Quorum queues: a delivery limit, and dead-lettering at least once to <ns>.dlx (which
+    needs reject-publish); the dead queue (no target: a cycle) a limit nothing reaches;
+    no x-max-priority (refused by quorum queues)."""
+    topo = Topology("ns", "quorum")
+    for arguments in (topo.job_queue_arguments(), topo.unrouted_queue_arguments()):
+        assert arguments == {
+            "x-queue-type": "quorum",
+            "x-delivery-limit": 1000,
+            "x-dead-letter-exchange": "ns.dlx",
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+    assert topo.dead_queue_arguments() == {"x-queue-type": "quorum", "x-delivery-limit": 1_000_000}
+
+
+def test_a_bad_layout_is_refused() -> None:
+    with pytest.raises(ValueError, match="queue type"):
+        Topology("ns", "stream")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bands"):
+        Topology("ns", "quorum", 11)

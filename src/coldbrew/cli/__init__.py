@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from coldbrew import logs
-from coldbrew.cli import batch, cron, fleet, inspect, jobs, plan, prune, services, shell
+from coldbrew.cli import batch, cron, fleet, inspect, jobs, plan, prune, queues, services, shell
 from coldbrew.cli.common import (
     APP_DIR_HELP,
     EXIT_FAILED,
@@ -32,7 +32,7 @@ from coldbrew.cli.common import (
 from coldbrew.errors import ColdbrewError, ConfigurationError, JobNotFound, ServiceUnavailable
 from coldbrew.settings import load_settings
 
-GROUPS = (jobs, inspect, fleet, services, cron, batch, plan, prune, shell)
+GROUPS = (jobs, inspect, fleet, services, cron, batch, plan, prune, queues, shell)
 HANDLERS: dict[str, Handler] = {
     command: handler for group in GROUPS for command, handler in group.HANDLERS.items()
 }

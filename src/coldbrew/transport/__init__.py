@@ -11,7 +11,8 @@ never from its modules, which may move. What each module owns:
 - ``consume``: the tenant queues' consumers over a bounded set of channels;
 - ``inbound``: ``Inbound``, one delivery, settled by ``ack()``, ``requeue()`` or ``reject()``;
 - ``acks``: acks batched per channel (``ChannelAcks``);
-- ``sweep``: the aging sweep's consumer (``Sweep``).
+- ``sweep``: the aging sweep's consumer (``Sweep``);
+- ``switch``: retiring a queue of another layout (``coldbrew queues migrate``).
 
 It decides nothing about a job: no PostgreSQL, no job status, no retry policy.
 """
@@ -23,6 +24,7 @@ from coldbrew.transport.broker import Broker
 from coldbrew.transport.inbound import Inbound, InboundHandler, OnDelivery, QueueCancels
 from coldbrew.transport.inspect import QueueCounts
 from coldbrew.transport.sweep import Sweep
+from coldbrew.transport.switch import Retired
 
 __all__ = [
     "Broker",
@@ -32,5 +34,6 @@ __all__ = [
     "OnDelivery",
     "QueueCancels",
     "QueueCounts",
+    "Retired",
     "Sweep",
 ]

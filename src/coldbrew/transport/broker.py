@@ -25,6 +25,7 @@ from coldbrew.transport.inbound import Inbound, OnDelivery, QueueCancels, requeu
 from coldbrew.transport.inspect import QueueCounts, QueueInspector
 from coldbrew.transport.publish import PUBLISH_ERRORS, Publisher
 from coldbrew.transport.sweep import Sweep, Sweeper
+from coldbrew.transport.switch import KeyFor, QueueRetirer, Retired
 
 
 class Broker:
@@ -62,6 +63,7 @@ class Broker:
         """The queues consumed here (``queue in broker.consumers``)."""
         self._sweeper = Sweeper(self._connection)
         self._inspector = QueueInspector(self._connection)
+        self._retirer = QueueRetirer(self._connection, timeout=publish_timeout)
 
     async def connect(self, *, prefetch: int = 0) -> None:
         """Connect once (fail fast), open channels and declare the fixed topology."""
@@ -69,7 +71,7 @@ class Broker:
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self.consumers.open(prefetch=prefetch)
         exchanges = await declare_fixed(self._channel, self.topology)
-        self._publisher = Publisher(exchanges, timeout=self._publish_timeout)
+        self._publisher = Publisher(exchanges, self.topology, timeout=self._publish_timeout)
 
     async def close(self) -> None:
         await self._connection.close()
@@ -103,6 +105,15 @@ class Broker:
             raise BrokerUnavailable("broker used before connect()")
         await declare_job_queue(self._channel, self.topology, queue, tenant)
 
+    async def unbind_queue(self, name: str, bindings: Sequence[tuple[str, str]]) -> None:
+        """Remove a queue's bindings, each (exchange, routing key) (switch.py)."""
+        await self._retirer.unbind(name, bindings)
+
+    async def retire_queue(self, name: str, *, move_to: str, key_for: KeyFor) -> Retired:
+        """Move an unbound queue's messages on to ``move_to`` (an exchange; ``""`` the default
+        one) with ``key_for``'s keys, and delete it (switch.py)."""
+        return await self._retirer.retire(name, move_to=move_to, key_for=key_for)
+
     # --- publishing (publish.py) -------------------------------------------------------
 
     async def publish_job(self, job: JobFields) -> None:
@@ -113,9 +124,10 @@ class Broker:
         """Publish many with confirms pipelined (``window`` in flight); True where confirmed."""
         return await self._publishing().publish_jobs(jobs, window=window)
 
-    async def republish(self, message: Inbound) -> None:
-        """Publish a delivery again to the jobs exchange, unchanged (after provisioning)."""
-        await self._publishing().republish(message)
+    async def republish(self, message: Inbound, routing_key: str | None = None) -> None:
+        """Publish a delivery again to the jobs exchange, unchanged (after provisioning), with
+        its own routing key or ``routing_key``."""
+        await self._publishing().republish(message, routing_key)
 
     async def publish_dead(
         self,

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import aio_pika
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustExchange
 
-from coldbrew.model import routing_key
 from coldbrew.topology import Topology
 
 
@@ -53,8 +52,12 @@ async def declare_fixed(channel: AbstractRobustChannel, topo: Topology) -> Excha
 async def declare_job_queue(
     channel: AbstractRobustChannel, topo: Topology, queue: str, tenant: str
 ) -> None:
-    """Declare and bind the queue of one lane and tenant."""
-    declared = await channel.declare_queue(
-        topo.job_queue(queue, tenant), durable=True, arguments=topo.job_queue_arguments()
-    )
-    await declared.bind(topo.jobs_exchange, routing_key=routing_key(queue, tenant))
+    """Declare and bind the queue of one lane and tenant (quorum: each band's, with every
+    key it takes, ``Topology.job_queue_bindings``)."""
+    arguments = topo.job_queue_arguments()
+    declared = {
+        name: await channel.declare_queue(name, durable=True, arguments=arguments)
+        for name in topo.job_queues(queue, tenant)
+    }
+    for name, key in topo.job_queue_bindings(queue, tenant):
+        await declared[name].bind(topo.jobs_exchange, routing_key=key)

@@ -18,7 +18,8 @@ import structlog
 from aio_pika.abc import AbstractRobustExchange
 
 from coldbrew.errors import BrokerUnavailable
-from coldbrew.model import JobFields, message_body, message_headers, routing_key
+from coldbrew.model import JobFields, message_body, message_headers
+from coldbrew.topology import Topology
 from coldbrew.transport.declare import Exchanges
 from coldbrew.transport.inbound import Inbound
 
@@ -80,14 +81,17 @@ def copy_of(message: Inbound) -> aio_pika.Message:
 class Publisher:
     """Publishes on the confirming channel's exchanges, each publish awaiting its confirm."""
 
-    def __init__(self, exchanges: Exchanges, *, timeout: float) -> None:
+    def __init__(self, exchanges: Exchanges, topology: Topology, *, timeout: float) -> None:
         self._exchanges = exchanges
+        self._topology = topology
         self._timeout = timeout
 
     async def publish_job(self, job: JobFields) -> None:
-        """Publish one job and wait for the broker's confirm."""
+        """Publish one job and wait for the broker's confirm (quorum: to its priority's band,
+        with the banded routing key)."""
         jobs = self._exchanges.jobs
-        await self._publish(jobs, job_message(job), routing_key(job.queue, job.tenant))
+        key = self._topology.routing_key(job.queue, job.tenant, job.priority)
+        await self._publish(jobs, job_message(job), key)
 
     async def publish_jobs(self, jobs: Sequence[JobFields], *, window: int) -> list[bool]:
         """Publish many with confirms pipelined (``window`` in flight); True where confirmed."""
@@ -104,9 +108,11 @@ class Publisher:
 
         return list(await asyncio.gather(*(one(job) for job in jobs)))
 
-    async def republish(self, message: Inbound) -> None:
-        """Publish a delivery again to the jobs exchange, unchanged (after provisioning)."""
-        await self._publish(self._exchanges.jobs, copy_of(message), message.routing_key or "")
+    async def republish(self, message: Inbound, routing_key: str | None = None) -> None:
+        """Publish a delivery again to the jobs exchange, unchanged (after provisioning), with
+        its own routing key or ``routing_key``."""
+        key = message.routing_key or "" if routing_key is None else routing_key
+        await self._publish(self._exchanges.jobs, copy_of(message), key)
 
     async def publish_dead(
         self,

@@ -103,12 +103,11 @@ class LaneConsumers:
             return
         self._consumed.add(key)
         topology = self.shared.topology
-        try:
-            await self.broker.consume(
-                topology.job_queue(queue, tenant),
-                topology.job_queue_arguments(),
-                self.intake.on_message,
-            )
+        try:  # quorum: every priority band's queue, consumed together (topology.py)
+            for name in topology.job_queues(queue, tenant):
+                await self.broker.consume(
+                    name, topology.job_queue_arguments(), self.intake.on_message
+                )
         except BaseException:
             self._consumed.discard(key)
             raise

@@ -348,7 +348,7 @@ class Reconciler:
         measured: dict[Pair, QueueCounts | None] = {}
         counted_at: dict[Pair, datetime] = {}
         for pair in pairs:
-            measured[pair] = await self.broker.queue_counts(self.topology.job_queue(*pair))
+            measured[pair] = await self._queue_counts(*pair)
             # on PostgreSQL's clock: the pass's start plus the time since (a report must be
             # computed after the count to cover what the count missed)
             counted_at[pair] = tx.started + timedelta(seconds=loop.time() - began + COUNT_MARGIN)
@@ -368,6 +368,20 @@ class Reconciler:
         await tx.save(records, forget_after=self.bounds.max_age * 4)
         missing = [pair for pair, found in measured.items() if found is None]
         return PassResult(republished, missing, len(measured))
+
+    async def _queue_counts(self, queue: str, tenant: str) -> QueueCounts | None:
+        """A (lane, tenant)'s ready messages and consumers: in quorum mode, summed over its
+        priority bands' queues (each consumer holds up to its prefetch, so the unacked bound
+        is the sum's consumers x prefetch); None if any band queue is missing (all are
+        declared again)."""
+        ready = consumers = 0
+        for name in self.topology.job_queues(queue, tenant):
+            counts = await self.broker.queue_counts(name)
+            if counts is None:
+                return None
+            ready += counts.ready
+            consumers += counts.consumers
+        return QueueCounts(ready, consumers)
 
     @staticmethod
     async def _record(

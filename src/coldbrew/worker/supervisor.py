@@ -27,7 +27,6 @@ from coldbrew.jobstate import Delivery, InFlight, Stop
 from coldbrew.metrics import Metrics
 from coldbrew.scheduler import FairScheduler
 from coldbrew.settings import Settings
-from coldbrew.topology import Topology
 from coldbrew.webhooks import WebhookConfig, WebhookSender
 from coldbrew.worker.aging_sweep import QueueSweeper
 from coldbrew.worker.cron import CronService, declared_schedules
@@ -49,7 +48,7 @@ class Worker:
         self, app: App, settings: Settings, *, registry: CollectorRegistry | None = None
     ) -> None:
         self.settings = settings
-        self.topology = Topology(settings.namespace)
+        self.topology = settings.topology()
         self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
         # the app's jobs and the built-in delivery job of durable webhooks (webhooks/), on
         # a copy: the caller's app stays as written
@@ -153,6 +152,9 @@ class Worker:
         """Every background loop of this worker, each a file of this package."""
         settings, parts = self.settings, self.parts
         store, broker, metrics = parts.store, parts.broker, self.metrics
+        # quorum mode: each band is a FIFO queue whose head every worker holds, so nothing
+        # hides behind a stream of higher priorities and no sweep is needed (aging.py)
+        sweep_limit = 0 if self.topology.quorum else settings.aging_sweep_limit
         reconciler = Reconciler(
             store=store,
             broker=broker,
@@ -161,7 +163,7 @@ class Worker:
             worker_id=settings.worker_id,
             reconcile_seconds=settings.reconcile_seconds,
             prefetch=settings.effective_prefetch,
-            keep=settings.effective_prefetch if settings.aging_sweep_limit else 0,
+            keep=settings.effective_prefetch if sweep_limit else 0,
             holdings=parts.intake.held_by_queue,
             ensure=parts.tenants.ensure,
             cancels=broker.queue_cancels,
@@ -174,7 +176,7 @@ class Worker:
             accept=parts.intake.accept_swept,
             returns=parts.intake.sweep_returns,
             lifecycle=self.lifecycle,
-            limit=settings.aging_sweep_limit,
+            limit=sweep_limit,
             keep_max=settings.effective_prefetch,
             aging_seconds=settings.aging_seconds,
             on_sweep=reconciler.sweep_starting,

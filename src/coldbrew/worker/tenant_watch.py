@@ -92,13 +92,21 @@ class TenantQueues:
             return
         try:
             await self.ensure(queue, tenant)
-            await self.broker.republish(message)
+            await self.broker.republish(message, self._routable_key(message, queue, tenant))
         except (BrokerUnavailable, DatabaseUnavailable) as exc:
             log.warning("provision_failed", queue=queue, tenant=tenant, error=str(exc))
             await asyncio.sleep(1.0)
             await message.requeue()
             return
         await message.ack()
+
+    def _routable_key(self, message: Inbound, queue: str, tenant: str) -> str:
+        """The key a provisioned message routes with in this layout: its own, except that a
+        banded ``<lane>.<tenant>.<priority>`` (quorum's) has no binding in classic mode, where
+        it becomes ``<lane>.<tenant>`` (else it would come back here, again and again)."""
+        if self.topology.quorum:
+            return message.routing_key or ""
+        return self.topology.routing_key(queue, tenant, None)
 
     async def sync(self) -> int:
         """Consume every recorded queue of our lanes and apply tenant settings (the resync)."""
