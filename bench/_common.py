@@ -459,7 +459,7 @@ def tail(path: Path, lines: int = 20) -> str:
 async def drop_namespace(amqp_url: str, database_url: str, namespace: str) -> None:
     """Drop a namespace's schema and every queue and exchange it named; idempotent."""
     topo = Topology(namespace)
-    queues = {topo.job_queue("default", "default"), topo.unrouted_queue, topo.dead_queue}
+    pairs = [("default", "default")]
     try:
         conn = await asyncpg.connect(database_url)
     except (OSError, asyncpg.PostgresError) as exc:
@@ -470,12 +470,14 @@ async def drop_namespace(amqp_url: str, database_url: str, namespace: str) -> No
                 rows = await conn.fetch(
                     f"SELECT queue, tenant FROM {quote_ident(namespace)}.tenant_queues"
                 )
-                queues.update(topo.job_queue(r["queue"], r["tenant"]) for r in rows)
+                pairs += [(r["queue"], r["tenant"]) for r in rows]
             await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(namespace)} CASCADE")
         finally:
             await conn.close()
+    # both layouts (classic, quorum): a bench may run either
+    queues = sorted(set(topo.every_queue_name(pairs)))
     await delete_broker_entities(
-        amqp_url, sorted(queues), [topo.jobs_exchange, topo.unrouted_exchange, topo.dead_exchange]
+        amqp_url, queues, [topo.jobs_exchange, topo.unrouted_exchange, topo.dead_exchange]
     )
 
 
