@@ -219,6 +219,7 @@ async def test_quorum_kill_9_busiest_node(
     fleets.append(fleet)
     figures = await run_scenario(cluster, fleet, kill_busiest_node(cluster))
     report(capsys, "quorum-kill-9-node", figures)
+    assert sum(figures["messages_on_victim"].values()) > 0, "the killed node led no backlog"
 
 
 @NEEDS_QUORUM
