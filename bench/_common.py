@@ -474,8 +474,7 @@ async def drop_namespace(amqp_url: str, database_url: str, namespace: str) -> No
             await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(namespace)} CASCADE")
         finally:
             await conn.close()
-    # both layouts (classic, quorum): a bench may run either
-    queues = sorted(set(topo.every_queue_name(pairs)))
+    queues = sorted(set(topo.every_queue_name(pairs)))  # both layouts (quorum: 3 bands)
     await delete_broker_entities(
         amqp_url, queues, [topo.jobs_exchange, topo.unrouted_exchange, topo.dead_exchange]
     )
