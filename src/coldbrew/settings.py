@@ -141,10 +141,20 @@ def check_database_url(url: str) -> None:
             raise ValueError(f"host {position} of the host list is empty")
         if port and not (port.isdigit() and 0 < int(port) < 65_536):
             raise ValueError(f"host {position} has an invalid port {port!r}")
+    attrs = os.environ.get("PGTARGETSESSIONATTRS")  # libpq's (and asyncpg's) default
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key == "target_session_attrs" and value not in TARGET_SESSION_ATTRS:
-            allowed = ", ".join(sorted(TARGET_SESSION_ATTRS))
-            raise ValueError(f"target_session_attrs must be one of {allowed}, not {value!r}")
+        if key == "target_session_attrs":
+            if value not in TARGET_SESSION_ATTRS:
+                allowed = ", ".join(sorted(TARGET_SESSION_ATTRS))
+                raise ValueError(f"target_session_attrs must be one of {allowed}, not {value!r}")
+            attrs = value
+    if hosts and "," in hosts and attrs not in ("read-write", "primary"):
+        # asyncpg's default (any) would stay on the first host that answers, a standby
+        # included, where every write fails; after a failover, the old primary back as one
+        raise ValueError(
+            "lists several hosts: add ?target_session_attrs=read-write so that coldbrew "
+            "connects to the primary among them"
+        )
 
 
 RETENTION_FIELDS = (

@@ -16,13 +16,17 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
+from prometheus_client import CollectorRegistry
 
 from coldbrew.client import Client
 from coldbrew.errors import BrokerUnavailable
+from coldbrew.metrics import Metrics
 from coldbrew.settings import Settings
+from coldbrew.store import JobStore
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker
 from coldbrew.transport.connection import start_index
+from coldbrew.worker.reaper import Reaper
 from tests.failover_proxy import TcpProxy, closed_port, readyz
 from tests.helpers import AMQP_URL, DATABASE_URL, WorkerFactory, make_settings, wait_until
 
@@ -186,5 +190,48 @@ async def lock_holder(namespace: str, worker_id: str) -> int | None:
             worker_id,
         )
         return pid
+    finally:
+        await conn.close()
+
+
+async def test_a_promotion_counts_as_a_server_start(settings: Settings) -> None:
+    """A timeline after one already recorded (a promoted standby: same data, new timeline)
+    is a server start: server_started() moves to when coldbrew first met it, so expired
+    leases are neither reaped nor claimed for a lease, as after a restart."""
+    conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": settings.namespace})
+    try:
+        fresh = await conn.fetchval("SELECT server_started() = pg_postmaster_start_time()")
+        assert fresh, "a fresh schema's first timeline is no promotion"
+        async with JobStore.open(DATABASE_URL, settings.namespace, pool_size=2) as store:
+            _, started = await store.liveness.server_clock()  # records the current timeline
+            assert started == await conn.fetchval("SELECT pg_postmaster_start_time()")
+            # the timeline before this one was recorded: the server we talk to now is the
+            # standby promoted after it (timeline 0 stands for it: this server is on 1 or more)
+            await conn.execute("INSERT INTO server_epochs VALUES (0, now() - interval '1 day')")
+            await conn.execute("DELETE FROM server_epochs WHERE timeline > 0")
+            before = await conn.fetchval("SELECT now()")
+            now, started = await store.liveness.server_clock()
+            assert started >= before, "a promotion met just now is a server start just now"
+            assert await conn.fetchval("SELECT count(*) FROM server_epochs") == 2
+            await conn.execute(
+                "INSERT INTO jobs (id, type, queue, tenant, args, max_attempts, status, attempt,"
+                " started_at, lease_expires_at, worker_id) VALUES ('p1', 'echo', 'default',"
+                " 'default', '{}', 5, 'running', 1, now(), now() - interval '1 minute', 'w')"
+            )
+            assert await store.leases.reap_expired(lease_seconds=settings.lease_seconds) == []
+            reaper = Reaper(
+                store,
+                None,  # type: ignore[arg-type]  # nothing is settled while it holds
+                Metrics(CollectorRegistry()),
+                interval=0.5,
+                lease_seconds=settings.lease_seconds,
+            )
+            assert await reaper.reap_expired() == 0
+            # once the promotion is a lease old, the expired lease is reaped as usual
+            await conn.execute(
+                "UPDATE server_epochs SET first_seen = now() - interval '1 hour' WHERE timeline > 0"
+            )
+            reaped = await store.leases.reap_expired(lease_seconds=settings.lease_seconds)
+            assert [row["id"] for row in reaped] == ["p1"]
     finally:
         await conn.close()

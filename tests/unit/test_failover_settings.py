@@ -38,6 +38,17 @@ def test_a_multi_host_database_url_is_one_url_masked_once() -> None:
     assert "pw" not in mask_url("postgresql://db1,db2/app?password=pw")
 
 
+def test_primary_is_as_good_as_read_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several hosts with ``primary`` (or libpq's PGTARGETSESSIONATTRS) are accepted."""
+    monkeypatch.setenv(
+        "COLDBREW_DATABASE_URL", "postgresql://db1,db2/app?target_session_attrs=primary"
+    )
+    load_settings()
+    monkeypatch.setenv("COLDBREW_DATABASE_URL", "postgresql://db1,db2/app")
+    monkeypatch.setenv("PGTARGETSESSIONATTRS", "read-write")
+    load_settings()
+
+
 def test_settings_accept_lists_and_multi_host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLDBREW_AMQP_URL", "amqp://h1/,amqp://h2:5673/,amqps://h3/")
     monkeypatch.setenv(
@@ -55,8 +66,18 @@ def test_settings_accept_lists_and_multi_host(monkeypatch: pytest.MonkeyPatch) -
         ("COLDBREW_AMQP_URL", "amqp://h1/,amqp://h2:99999/", "URL 2 is not a valid URL"),
         ("COLDBREW_AMQP_URL", " , ", "at least one"),
         ("COLDBREW_AMQP_URL", "amqp:///", "names no host"),
-        ("COLDBREW_DATABASE_URL", "postgresql://db1:x,db2/app", "host 1 has an invalid port"),
+        (
+            "COLDBREW_DATABASE_URL",
+            "postgresql://db1:x,db2/app?target_session_attrs=read-write",
+            "host 1 has an invalid port",
+        ),
         ("COLDBREW_DATABASE_URL", "postgresql://db1,,db2/app", "host 2 of the host list"),
+        ("COLDBREW_DATABASE_URL", "postgresql://db1,db2/app", "target_session_attrs=read-write"),
+        (
+            "COLDBREW_DATABASE_URL",
+            "postgresql://db1,db2/app?target_session_attrs=any",
+            "target_session_attrs=read-write",
+        ),
         (
             "COLDBREW_DATABASE_URL",
             "postgresql://db1,db2/app?target_session_attrs=primary-ish",

@@ -74,7 +74,7 @@ claimed AS (
            OR (j.status = 'running' AND j.lease_expires_at < now()
                -- a lease that expired while PostgreSQL was down is its worker's for one
                -- more lease: alive, it extends it as soon as it reconnects
-               AND pg_postmaster_start_time() <= now() - make_interval(secs => $10)))
+               AND server_started() <= now() - make_interval(secs => $10)))
     RETURNING j.id, j.attempt, j.max_attempts, j.timeout_seconds, j.checkpoint, j.started_at,
               j.snoozes
 ),
@@ -106,11 +106,11 @@ WHERE j.id NOT IN (SELECT id FROM claimed);
 
 -- name: server_started
 -- When the PostgreSQL server started: a change means it restarted, and what it had not flushed to disk may be gone (no parameters)
-SELECT pg_postmaster_start_time() AS server_started;
+SELECT server_started() AS server_started;
 
 -- name: durability_barrier
 -- A tiny transaction that writes a commit record, so that its synchronous commit flushes the WAL past every asynchronous claim committed before it; returns the server's start time (no parameters)
-SELECT txid_current() AS xid, pg_postmaster_start_time() AS server_started;
+SELECT txid_current() AS xid, server_started() AS server_started;
 
 -- name: verify_claims
 -- After a PostgreSQL restart: the rows of claims that were not known durable, to tell those that survived from those lost ($1 ids)
@@ -223,7 +223,7 @@ WITH reaped AS (
     WHERE j.id IN (
         SELECT id FROM jobs
         WHERE status = 'running' AND lease_expires_at < now()
-          AND pg_postmaster_start_time() <= now() - make_interval(secs => $2)
+          AND server_started() <= now() - make_interval(secs => $2)
           AND now() - $3::timestamptz <= make_interval(secs => $4)
         ORDER BY lease_expires_at
         LIMIT $1
@@ -730,7 +730,7 @@ SELECT got.locked,
           AND (l.classid::int8 << 32) | l.objid::int8 = key.k
         LIMIT 1) AS holder,
        pg_backend_pid() AS backend_pid,
-       pg_postmaster_start_time() AS server_started
+       server_started() AS server_started
 FROM got;
 
 -- name: terminate_backend
@@ -741,7 +741,7 @@ SELECT pg_terminate_backend($1::int) AS terminated;
 -- Record this worker under its lock, or refresh its row after a reconnect: who it is, where its liveness session lives, a fresh heartbeat; returns when it started ($1 id, $2 instance, $3 host, $4 pid, $5 version, $6 lanes, $7 concurrency, $8 jobs in flight)
 INSERT INTO workers AS w (id, instance, host, pid, version, lanes, concurrency, jobs_in_flight,
                           backend_pid, server_started)
-VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, pg_backend_pid(), pg_postmaster_start_time())
+VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8, pg_backend_pid(), server_started())
 ON CONFLICT (id) DO UPDATE
 SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
     version = excluded.version, lanes = excluded.lanes, concurrency = excluded.concurrency,
@@ -772,8 +772,8 @@ SELECT EXISTS (SELECT 1 FROM me) AS registered,
            SELECT w.id FROM workers AS w
            WHERE w.id <> $1
              AND w.heartbeat_at < now() - make_interval(secs => $4)
-             AND (w.server_started = pg_postmaster_start_time()
-                  OR pg_postmaster_start_time() < now() - make_interval(secs => $5))
+             AND (w.server_started = server_started()
+                  OR server_started() < now() - make_interval(secs => $5))
              AND NOT EXISTS (
                  SELECT 1 FROM held
                  WHERE held.key = hashtextextended(current_schema() || ':worker:' || w.id, 0))
@@ -796,8 +796,8 @@ gone AS (
     SELECT w.id FROM workers AS w
     WHERE w.id = ANY($1::text[])
       AND w.heartbeat_at < now() - make_interval(secs => $2)
-      AND (w.server_started = pg_postmaster_start_time()
-           OR pg_postmaster_start_time() < now() - make_interval(secs => $3))
+      AND (w.server_started = server_started()
+           OR server_started() < now() - make_interval(secs => $3))
       AND NOT EXISTS (
           SELECT 1 FROM held
           WHERE held.key = hashtextextended(current_schema() || ':worker:' || w.id, 0))
@@ -872,8 +872,9 @@ FROM workers AS w
 ORDER BY w.started_at, w.id;
 
 -- name: server_clock
--- The server's time and start time: the reaper's contact with PostgreSQL, and whether the server restarted (no parameters)
-SELECT now() AS now, pg_postmaster_start_time() AS server_started;
+-- The server's time and start time: the reaper's contact with PostgreSQL, and whether the server restarted or a standby was promoted (server_started(), 0019); records a new timeline first (no parameters)
+WITH noted AS MATERIALIZED (SELECT note_server_epoch())
+SELECT now() AS now, server_started() AS server_started FROM noted;
 
 -- --- Unique jobs (issue #15; 0008_unique.sql) -------------------------------------
 

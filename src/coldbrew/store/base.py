@@ -243,6 +243,9 @@ class Database:
             self.dsn, server_settings=settings, timeout=10, command_timeout=60
         )
         await init_connection(conn)
+        # after a failover, the first connection to the promoted standby records its
+        # timeline, so that every connection reads one server_started() for it (0019)
+        await conn.execute(QUERIES["note_server_epoch"].text)
         self._batch_servers[name] = await conn.fetchval(QUERIES["server_started"].text)
         self._batch_conns[name] = conn
         return conn
