@@ -175,8 +175,9 @@ async def run_scenario(
     dead_workers = [w.pid for w in fleet.workers if w.process.poll() is not None]
     figures["workers_exited"] = dead_workers
     if strict:
-        assert not dead_workers, "a worker died of the fault instead of riding it out"
-        assert figures["recovery_s"] <= RECOVERY_BOUND, figures
+        shown = json.dumps(figures, default=str)
+        assert not dead_workers, f"a worker died of the fault instead of riding it out: {shown}"
+        assert figures["recovery_s"] <= RECOVERY_BOUND, f"recovery too slow: {shown}"
     else:
         if figures["recovery_s"] > RECOVERY_BOUND:
             violations.append(f"recovery {figures['recovery_s']} s > {RECOVERY_BOUND} s")
