@@ -151,11 +151,15 @@ def worker_id_for(index: int, count: int, serial: int) -> str:
     raise AssertionError("no worker id hashes to that node")  # 1 in 3 does: unreachable
 
 
-_SAMPLE = re.compile(r"^(coldbrew_(?:redeliveries|duplicate_deliveries)_total)\{?[^}]*\}? (\S+)$")
+_SAMPLE = re.compile(
+    r"^(coldbrew_(?:redeliveries|duplicate_deliveries|reconcile_republished)_total)"
+    r"\{?[^}]*\}? (\S+)$"
+)
 
 
 def delivery_counts(fleet: Fleet) -> dict[str, float]:
-    """Redeliveries and duplicate deliveries the live workers counted (their /metrics)."""
+    """Redeliveries, duplicate deliveries and reconciler republications (jobs whose message
+    was gone from the broker) the live workers counted (their /metrics)."""
     totals: dict[str, float] = {}
     for worker in fleet.workers:
         if worker.process.poll() is not None:
