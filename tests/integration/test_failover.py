@@ -25,7 +25,7 @@ from coldbrew.settings import Settings
 from coldbrew.store import JobStore
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker
-from coldbrew.transport.connection import start_index
+from coldbrew.transport.connection import BrokerConnection, start_index
 from coldbrew.worker.reaper import Reaper
 from tests.failover_proxy import TcpProxy, closed_port, readyz
 from tests.helpers import AMQP_URL, DATABASE_URL, WorkerFactory, make_settings, wait_until
@@ -85,6 +85,35 @@ async def test_every_url_dead_is_one_clear_error(namespace: str) -> None:
     text = str(caught.value)
     assert all(url.replace(":guest@", ":***@") in text for url in urls), text
     assert "guest:guest" not in text
+
+
+def _say_nothing(_reader: asyncio.StreamReader, _writer: asyncio.StreamWriter) -> None:
+    """A hung broker: the socket is accepted, no byte ever comes back."""
+
+
+async def test_a_silent_node_is_given_up_after_the_connect_timeout() -> None:
+    """Nodes that accept the socket and never answer (hung): each attempt ends at the connect
+    timeout and the next URL is tried; none answering is ``BrokerUnavailable`` naming both."""
+    silent = []
+    for _ in range(2):
+        silent.append(await asyncio.start_server(_say_nothing, "127.0.0.1", 0))
+    urls = [amqp_url_at(server.sockets[0].getsockname()[1]) for server in silent]
+    connection = BrokerConnection(",".join(urls), spread_key=first_key(2), connect_timeout=0.5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    error = await _open_error(connection)
+    took = loop.time() - started
+    for server in silent:
+        server.close()
+    assert took < 5
+    assert all(url.replace(":guest@", ":***@") in error for url in urls), error
+
+
+async def _open_error(connection: BrokerConnection) -> str:
+    """The ``BrokerUnavailable`` message of ``connection.open()``."""
+    with pytest.raises(BrokerUnavailable) as caught:
+        await connection.open()
+    return str(caught.value)
 
 
 async def test_worker_fails_over_to_the_next_broker(

@@ -58,6 +58,11 @@ CHANNEL_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+# Seconds one connection attempt (socket and AMQP handshake) may take before the next URL
+# is tried; a healthy broker answers in milliseconds.
+CONNECT_TIMEOUT = 10.0
+
+
 class _DropAll(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return False
@@ -140,6 +145,7 @@ class BrokerConnection:
         reconnect_interval: float = 1.0,
         heartbeat: int | None = None,
         spread_key: str | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
         self.url = url
         self.urls = split_urls(url)
@@ -147,6 +153,7 @@ class BrokerConnection:
         self._name = name
         self._reconnect_interval = reconnect_interval
         self._heartbeat = heartbeat
+        self._connect_timeout = connect_timeout
         self._connection: FailoverConnection | None = None
         self._closing = False
 
@@ -163,7 +170,9 @@ class BrokerConnection:
                     self._connection = await self._connect(index)
                     break
                 except CONNECT_ERRORS as exc:
-                    failures.append(f"{mask_url(self.urls[index])}: {exc or type(exc).__name__}")
+                    failures.append(
+                        f"{mask_url(self.urls[index])}: {str(exc) or type(exc).__name__}"
+                    )
                     if len(failures) == len(self.urls):
                         raise BrokerUnavailable(
                             "cannot connect to RabbitMQ at " + "; ".join(failures)
@@ -174,7 +183,7 @@ class BrokerConnection:
         assert self._connection is not None  # the loop connected or raised
         self._connection.reconnect_callbacks.add(self._on_reconnect)
         self._connection.close_callbacks.add(self._on_close)
-        log.info("broker_connected", url=self.node)
+        log.debug("broker_connected", url=self.node)
 
     async def _connect(self, index: int) -> FailoverConnection:
         urls = [with_heartbeat(url, self._heartbeat) for url in self.urls]
@@ -185,7 +194,9 @@ class BrokerConnection:
             client_properties={"connection_name": self._name},
         )
         try:
-            await connection.connect()
+            # bounds every attempt, the reconnects' too: a node that accepts the socket and
+            # never answers (hung, or half out of its cluster) must not stall the failover
+            await connection.connect(timeout=self._connect_timeout)
         except BaseException:
             await connection.close()
             raise
