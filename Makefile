@@ -23,7 +23,7 @@ IMAGE_TEST_ARGS ?=
 BENCH_EXTRAS := $(shell awk '/^\[project\.optional-dependencies\]/ {s = 1; next} /^\[/ {s = 0} \
 	s && /^[[:space:]]*bench[[:space:]]*=/ {f = 1} END {print (f ? "test,bench" : "test")}' pyproject.toml)
 
-.PHONY: help bootstrap services demo test lint alerts bench image-test clean
+.PHONY: help bootstrap services demo test lint alerts bench image-test cluster-up cluster-down clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -72,6 +72,12 @@ bench: ## run the benchmarks (bench/run_all.py, else bench/throughput.py; BENCH_
 
 image-test: services ## build deploy/Dockerfile and run it in containers, then deploy/compose.yaml (podman; IMAGE_TEST_ARGS)
 	scripts/image-test $(IMAGE_TEST_ARGS)
+
+cluster-up: ## a 3-node RabbitMQ cluster (5681-5683) and a PostgreSQL primary/standby (5441/5442)
+	@scripts/cluster up
+
+cluster-down: ## stop scripts/cluster's nodes and servers and remove their directory
+	@scripts/cluster down
 
 clean: ## remove caches and build output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist .coverage htmlcov src/*.egg-info

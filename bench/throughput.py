@@ -69,7 +69,7 @@ from bench._profile import render_profile, start_profile, stop_profile
 from coldbrew import logs
 from coldbrew.migrate import connect_creating_database, quote_ident
 from coldbrew.settings import Settings
-from coldbrew.topology import MAX_PRIORITY, Topology
+from coldbrew.topology import MAX_PRIORITY, QueueType, Topology
 from coldbrew.transport import Broker
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -94,6 +94,7 @@ class Config:
     profile_dir: Path | None = None
     claim_commit: str | None = None  # COLDBREW_CLAIM_COMMIT of the worker (None: its default)
     coldbrew_prefetch: int = 0  # COLDBREW_PREFETCH of the worker (0: its default)
+    queue_type: QueueType = "classic"  # COLDBREW_QUEUE_TYPE of the worker, and the raw loop's queue
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
 
 
@@ -170,8 +171,11 @@ class Drain:
 # --- raw loop ---------------------------------------------------------------------------
 
 
-def raw_queue_arguments() -> dict[str, Any]:
-    """Like a coldbrew job queue (classic, priorities), minus the dead-letter exchange."""
+def raw_queue_arguments(queue_type: str = "classic") -> dict[str, Any]:
+    """Like a coldbrew job queue (classic with priorities, or quorum: one band's queue),
+    minus the dead-letter exchange."""
+    if queue_type == "quorum":
+        return {"x-queue-type": "quorum"}
     return {"x-queue-type": "classic", "x-max-priority": MAX_PRIORITY}
 
 
@@ -210,7 +214,9 @@ async def run_raw(cfg: Config, index: int) -> Drain:
         connection = await aio_pika.connect(cfg.amqp_url)
         try:
             channel = await connection.channel(publisher_confirms=True)
-            await channel.declare_queue(queue_name, durable=True, arguments=raw_queue_arguments())
+            await channel.declare_queue(
+                queue_name, durable=True, arguments=raw_queue_arguments(cfg.queue_type)
+            )
             publish_seconds = await publish_noops(
                 channel.default_exchange,
                 queue_name,
@@ -304,7 +310,7 @@ async def namespace_for(cfg: Config, label: str) -> Any:
 
 async def prepublish(cfg: Config, namespace: str, index: int) -> float:
     """Declare the namespace's topology as a worker would, then publish the jobs; return seconds."""
-    topology = Topology(namespace)
+    topology = Topology(namespace, cfg.queue_type)
     broker = Broker(cfg.amqp_url, topology, name="coldbrew-bench-declare")
     await broker.connect()
     try:
@@ -322,8 +328,10 @@ async def prepublish(cfg: Config, namespace: str, index: int) -> float:
             id_prefix=f"{namespace}-{index}",
             window=PUBLISH_WINDOW,
         )
-        queue = await channel.declare_queue(topology.job_queue("default", "default"), passive=True)
-        ready = queue.declaration_result.message_count
+        ready = 0
+        for name in topology.job_queues("default", "default"):  # quorum: the bands' queues
+            queue = await channel.declare_queue(name, passive=True)
+            ready += queue.declaration_result.message_count
     finally:
         await connection.close()
     if ready != cfg.jobs:
@@ -378,6 +386,7 @@ async def run_coldbrew(cfg: Config, index: int) -> Drain:
             claim_env = claim_commit_env(cfg.claim_commit)
             if cfg.coldbrew_prefetch:
                 claim_env["COLDBREW_PREFETCH"] = str(cfg.coldbrew_prefetch)
+            claim_env["COLDBREW_QUEUE_TYPE"] = cfg.queue_type
             async with worker_process(cfg, namespace, label, extra_env=claim_env) as worker:
                 start = Snapshot.take(worker.pid)
                 polls, polling = await wait_succeeded(cfg, conn, namespace, worker.process, label)
@@ -492,7 +501,8 @@ async def run(cfg: Config) -> dict[str, Any]:
     machine = await machine_info(cfg.amqp_url, cfg.database_url)
     progress(
         f"{cfg.jobs} jobs x {cfg.repeat} repeats, concurrency {cfg.concurrency}, "
-        f"prefetch {cfg.prefetch}, claim commit {cfg.claim_commit or 'default'}; "
+        f"prefetch {cfg.prefetch}, claim commit {cfg.claim_commit or 'default'}, "
+        f"{cfg.queue_type} queues; "
         f"RabbitMQ {machine['rabbitmq']}, "
         f"PostgreSQL {machine['postgresql']}, {machine['nproc']} CPUs"
     )
@@ -540,6 +550,7 @@ def summarize(
             "concurrency": cfg.concurrency,
             "prefetch": cfg.prefetch,
             "claim_commit": cfg.claim_commit or "default",
+            "queue_type": cfg.queue_type,
             "poll_seconds": POLL_SECONDS,
             "publish_window": PUBLISH_WINDOW,
         },
@@ -575,7 +586,8 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"coldbrew throughput: {cfg['jobs']:,} no-op jobs, {cfg['repeat']} repeats, "
         f"concurrency {cfg['concurrency']}, prefetch {cfg['prefetch']}, "
-        f"claim commit {cfg.get('claim_commit', 'default')}",
+        f"claim commit {cfg.get('claim_commit', 'default')}, "
+        f"{cfg.get('queue_type', 'classic')} queues",
         f"coldbrew {machine.get('coldbrew_commit') or '?'}{dirty}; {machine['nproc']} x "
         f"{machine['cpu_model']}, {machine['ram_gib']} GiB; RabbitMQ {machine['rabbitmq']}, "
         f"PostgreSQL {machine['postgresql']}, Python {machine['python']}",
@@ -663,6 +675,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="COLDBREW_PREFETCH of the worker, and the raw loop's prefetch (0: coldbrew's default)",
     )
+    parser.add_argument(
+        "--queue-type",
+        choices=("classic", "quorum"),
+        default="classic",
+        help="COLDBREW_QUEUE_TYPE of the worker, and the raw loop's queue type (classic)",
+    )
     parser.add_argument("--raw-consumer", metavar="QUEUE", help=argparse.SUPPRESS)
     parser.add_argument("--prefetch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -706,6 +724,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_dir=args.profile,
             claim_commit=args.claim_commit,
             coldbrew_prefetch=args.coldbrew_prefetch,
+            queue_type=args.queue_type,
         )
 
     return run_main(config, run, render, json_output=args.json, workdir_prefix="cbbench-")

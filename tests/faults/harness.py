@@ -109,14 +109,16 @@ class Fleet:
                 worker.process.kill()
                 worker.process.wait(timeout=10)
 
-    async def random_busy_worker(self, rng: random.Random) -> WorkerProcess:
+    async def random_busy_worker(
+        self, rng: random.Random, database_url: str = DATABASE_URL
+    ) -> WorkerProcess:
         """A random worker among those holding running jobs (any worker if none does).
 
         A fresh replacement worker often holds nothing yet; killing it would
         do no harm and prove nothing.
         """
         conn = await asyncpg.connect(
-            DATABASE_URL, server_settings={"search_path": self.settings.namespace}
+            database_url, server_settings={"search_path": self.settings.namespace}
         )
         try:
             rows = await conn.fetch("SELECT DISTINCT worker_id FROM jobs WHERE status = 'running'")
@@ -135,8 +137,8 @@ def is_ready(port: int) -> bool:
         return False
 
 
-async def prepare_tables(namespace: str) -> None:
-    conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": namespace})
+async def prepare_tables(namespace: str, database_url: str = DATABASE_URL) -> None:
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": namespace})
     try:
         await conn.execute(
             "CREATE TABLE fault_attempts (job_id text, attempt int, pid int,"
@@ -164,10 +166,12 @@ async def submit_load(client: Client, count: int, rng: random.Random) -> list[st
     return ids
 
 
-async def wait_all_terminal(namespace: str, ids: list[str], timeout: float) -> float:
+async def wait_all_terminal(
+    namespace: str, ids: list[str], timeout: float, database_url: str = DATABASE_URL
+) -> float:
     """Wait until every job is terminal; return how long it took."""
     started = time.monotonic()
-    conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": namespace})
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": namespace})
     try:
         while True:
             waiting = await conn.fetchval(
@@ -200,11 +204,15 @@ class Verdict:
 
 
 async def check_guarantees(
-    namespace: str, ids: list[str], effects_dir: Path, kills: list[tuple[float, int]]
+    namespace: str,
+    ids: list[str],
+    effects_dir: Path,
+    kills: list[tuple[float, int]],
+    database_url: str = DATABASE_URL,
 ) -> Verdict:
     """Every job terminal and succeeded; each effect exactly (coroutine) or at most (pool) once;
     results written by the attempt that holds the row; recovery times after each kill."""
-    conn = await asyncpg.connect(DATABASE_URL, server_settings={"search_path": namespace})
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": namespace})
     try:
         rows = await conn.fetch(
             "SELECT id, type, status, attempt, result, dead_reason, error_kind, error_message"

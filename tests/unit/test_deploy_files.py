@@ -136,3 +136,38 @@ def test_the_local_python_base_stands_in_for_the_dockerfiles(script: str) -> Non
         text = (DEPLOY / "local" / f"{recipe}.Containerfile").read_text(encoding="utf-8")
         assert "FROM localhost/coldbrew-debian:bookworm\n" in text, recipe
     assert "DEBIAN_BASE=localhost/coldbrew-debian:bookworm\n" in script
+
+
+CLUSTER_COMPOSE = DEPLOY / "cluster" / "compose.yaml"
+CLUSTER_CONF = DEPLOY / "cluster" / "rabbitmq-cluster.conf"
+
+
+def test_cluster_compose_nodes_and_urls_agree() -> None:
+    """deploy/cluster: the peer-discovery list names exactly the three nodes' hostnames, the
+    workers list every node, and their settings are real ones (quorum mode included)."""
+    compose = yaml.safe_load(CLUSTER_COMPOSE.read_text(encoding="utf-8"))
+    services = compose["services"]
+    nodes = {name: svc for name, svc in services.items() if name.startswith("rabbitmq")}
+    hostnames = sorted(svc["hostname"] for svc in nodes.values())
+    assert hostnames == ["rabbitmq1", "rabbitmq2", "rabbitmq3"]
+    listed = sorted(
+        line.split("=", 1)[1].strip().removeprefix("rabbit@")
+        for line in CLUSTER_CONF.read_text(encoding="utf-8").splitlines()
+        if line.startswith("cluster_formation.classic_config.nodes.")
+    )
+    assert listed == hostnames
+    cookies = {svc["environment"]["RABBITMQ_ERLANG_COOKIE"] for svc in nodes.values()}
+    assert len(cookies) == 1, "the nodes of one cluster must share one cookie"
+    env = services["worker"]["environment"]
+    urls = env["COLDBREW_AMQP_URL"].split(",")
+    assert sorted(url.split("@", 1)[1].split(":", 1)[0] for url in urls) == hostnames
+    assert env["COLDBREW_QUEUE_TYPE"] == "quorum"
+    fields = {f"COLDBREW_{name.upper()}" for name in Settings.model_fields}
+    unknown = sorted(set(env) - fields)
+    assert not unknown, f"not settings: {unknown}"
+    for svc in nodes.values():
+        for volume in svc["volumes"]:
+            source = volume.split(":", 1)[0]
+            if source.startswith("."):
+                assert (CLUSTER_COMPOSE.parent / source).resolve().exists(), source
+    assert services["worker"]["deploy"]["replicas"] == 3

@@ -100,10 +100,22 @@ class Broker:
         return await self._inspector.counts(queue_name)
 
     async def declare_job_queue(self, queue: str, tenant: str) -> None:
-        """Declare and bind the queue of one lane and tenant (idempotent)."""
+        """Declare and bind the queue of one lane and tenant (idempotent).
+
+        A refusal is ``BrokerUnavailable``, waited out by the caller's loop: on a
+        cluster, declaring a classic queue whose home node is down answers 404
+        ``NOT_FOUND - home node ... is down or inaccessible`` (and closes the channel,
+        which aio-pika reopens) until that node is back; the reconciler re-declares a
+        queue whose consumer the broker cancelled, so this met it (tests/cluster).
+        """
         if self._channel is None:
             raise BrokerUnavailable("broker used before connect()")
-        await declare_job_queue(self._channel, self.topology, queue, tenant)
+        try:
+            await declare_job_queue(self._channel, self.topology, queue, tenant)
+        except PUBLISH_ERRORS as exc:
+            raise BrokerUnavailable(
+                f"declaring the queue of {queue}.{tenant}: {exc or type(exc).__name__}"
+            ) from exc
 
     async def unbind_queue(self, name: str, bindings: Sequence[tuple[str, str]]) -> None:
         """Remove a queue's bindings, each (exchange, routing key) (switch.py)."""
