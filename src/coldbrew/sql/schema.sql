@@ -572,47 +572,6 @@ CREATE INDEX jobs_search_created ON jobs (created_at, id);
 CREATE INDEX jobs_search_tenant ON jobs (tenant, created_at, id);
 CREATE INDEX jobs_search_status ON jobs (status, created_at, id);
 
--- --- Failover (0019): a promoted standby counts as a server start -----------------
-
-CREATE TABLE server_epochs (
-    timeline    integer PRIMARY KEY,
-    first_seen  timestamptz NOT NULL DEFAULT now()
-);
-
--- The primary's current timeline (the first 8 hex digits of its WAL file name); NULL on a
--- standby, which has no insert position.
-CREATE FUNCTION server_timeline() RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN pg_is_in_recovery() THEN NULL
-                ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
-           END
-$$;
-
--- When this server began to serve as coldbrew's primary: its postmaster's start, or, on a
--- timeline that follows one already recorded (a promotion), when coldbrew first met it
--- (now() until note_server_epoch records it: the safe side, as a restart this instant).
--- The first timeline ever recorded is no promotion: a fresh schema holds nothing back.
-CREATE FUNCTION server_started() RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT CASE
-        WHEN NOT EXISTS (SELECT 1 FROM server_epochs WHERE timeline < server_timeline())
-            THEN pg_postmaster_start_time()
-        ELSE greatest(pg_postmaster_start_time(),
-                      coalesce((SELECT first_seen FROM server_epochs
-                                WHERE timeline = server_timeline()), now()))
-    END
-$$;
-
--- Record the current timeline once (the reaper's clock reading calls this every few
--- seconds on every worker, so a promotion is recorded within one reaper interval); an
--- INSERT that finds its row writes nothing.
-CREATE FUNCTION note_server_epoch() RETURNS void
-LANGUAGE sql VOLATILE AS $$
-    INSERT INTO server_epochs (timeline)
-    SELECT server_timeline()
-    WHERE server_timeline() IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM server_epochs WHERE timeline = server_timeline())
-    ON CONFLICT DO NOTHING
 -- Paused lanes, the shared CSRF secret and the error-text trigram index (0016: see
 -- the migration for why pg_trgm lives in its own schema).
 CREATE TABLE lanes (
@@ -671,4 +630,47 @@ BEGIN
                 'SCHEMA %I TO %I; then run coldbrew migrate again', ext_schema, current_user);
     END;
 END;
+$$;
+
+-- --- Failover (0019): a promoted standby counts as a server start -----------------
+
+CREATE TABLE server_epochs (
+    timeline    integer PRIMARY KEY,
+    first_seen  timestamptz NOT NULL DEFAULT now()
+);
+
+-- The primary's current timeline (the first 8 hex digits of its WAL file name); NULL on a
+-- standby, which has no insert position.
+CREATE FUNCTION server_timeline() RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN pg_is_in_recovery() THEN NULL
+                ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+           END
+$$;
+
+-- When this server began to serve as coldbrew's primary: its postmaster's start, or, on a
+-- timeline that follows one already recorded (a promotion), when coldbrew first met it
+-- (now() until note_server_epoch records it: the safe side, as a restart this instant).
+-- The first timeline ever recorded is no promotion: a fresh schema holds nothing back.
+CREATE FUNCTION server_started() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN NOT EXISTS (SELECT 1 FROM server_epochs WHERE timeline < server_timeline())
+            THEN pg_postmaster_start_time()
+        ELSE greatest(pg_postmaster_start_time(),
+                      coalesce((SELECT first_seen FROM server_epochs
+                                WHERE timeline = server_timeline()), now()))
+    END
+$$;
+
+-- Record the current timeline once (the reaper's clock reading calls this every few
+-- seconds on every worker, so a promotion is recorded within one reaper interval); an
+-- INSERT that finds its row writes nothing.
+CREATE FUNCTION note_server_epoch() RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    INSERT INTO server_epochs (timeline)
+    SELECT server_timeline()
+    WHERE server_timeline() IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM server_epochs WHERE timeline = server_timeline())
+    ON CONFLICT DO NOTHING
 $$;
