@@ -571,3 +571,9 @@ CREATE TRIGGER jobs_attempt_ended AFTER UPDATE OF status ON jobs
 CREATE INDEX jobs_search_created ON jobs (created_at, id);
 CREATE INDEX jobs_search_tenant ON jobs (tenant, created_at, id);
 CREATE INDEX jobs_search_status ON jobs (status, created_at, id);
+
+-- --- trace context (migration 0017): a job's W3C trace context, and a retry's link -----
+ALTER TABLE jobs
+    ADD COLUMN traceparent text,
+    ADD COLUMN tracestate text,
+    ADD COLUMN trace_previous_span text;

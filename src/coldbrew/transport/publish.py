@@ -17,6 +17,7 @@ import aiormq
 import structlog
 from aio_pika.abc import AbstractRobustExchange
 
+from coldbrew import tracing
 from coldbrew.errors import BrokerUnavailable
 from coldbrew.model import JobFields, message_body, message_headers, routing_key
 from coldbrew.transport.declare import Exchanges
@@ -49,6 +50,9 @@ def job_message(job: JobFields) -> aio_pika.Message:
         idempotency_key=job.idempotency_key,
         max_attempts=job.max_attempts,
         timeout=job.timeout,
+        traceparent=job.traceparent,
+        tracestate=job.tracestate,
+        previous_span=job.previous_span,
     )
     return aio_pika.Message(
         message_body(job.type, job.args),
@@ -85,9 +89,11 @@ class Publisher:
         self._timeout = timeout
 
     async def publish_job(self, job: JobFields) -> None:
-        """Publish one job and wait for the broker's confirm."""
+        """Publish one job and wait for the broker's confirm (a ``coldbrew publish`` span,
+        in the job's trace, when tracing is on)."""
         jobs = self._exchanges.jobs
-        await self._publish(jobs, job_message(job), routing_key(job.queue, job.tenant))
+        with tracing.job_span("coldbrew publish", job, kind="producer", destination=jobs.name):
+            await self._publish(jobs, job_message(job), routing_key(job.queue, job.tenant))
 
     async def publish_jobs(self, jobs: Sequence[JobFields], *, window: int) -> list[bool]:
         """Publish many with confirms pipelined (``window`` in flight); True where confirmed."""
