@@ -229,9 +229,9 @@ async def test_a_malformed_traceparent_is_ignored_and_the_job_runs(
     assert claim.parent is None
     assert (claim.attributes or {})["coldbrew.job.attempt"] == 1
     assert_worker_spans(found, claim, ("coldbrew run", "coldbrew outcome"))
-    assert metric(
-        worker, "coldbrew_trace_headers_ignored_total", reason="invalid_traceparent"
-    ) == 1.0
+    assert (
+        metric(worker, "coldbrew_trace_headers_ignored_total", reason="invalid_traceparent") == 1.0
+    )
 
 
 async def test_nothing_is_recorded_without_a_provider(
@@ -243,4 +243,3 @@ async def test_nothing_is_recorded_without_a_provider(
     job = await client.submit("traced")
     done = await client.wait(job.id, timeout=20)
     assert done.status == "succeeded" and done.result == {"trace_id": None}
-
