@@ -171,7 +171,9 @@ class JobRunner:
             return True
         unique = UniqueKey.of(request, opts, delivery.args)
         admission = await self._claim(
-            delivery, lambda: self.store.unique.admit_delivery(request, unique)
+            delivery,
+            lambda: self.store.unique.admit_delivery(request, unique),
+            "coldbrew admit",
         )
         if admission is None:
             return False
@@ -232,7 +234,12 @@ class JobRunner:
             await delivery.message.ack()
         return recorded
 
-    async def _claim(self, delivery: Delivery, op: Callable[[], Awaitable[C]]) -> C | None:
+    async def _claim(
+        self,
+        delivery: Delivery,
+        op: Callable[[], Awaitable[C]],
+        span_name: str = "coldbrew claim",
+    ) -> C | None:
         """Upsert and claim the delivery's job, waiting out a database outage.
 
         None when the claim's data was refused (the delivery is dead-lettered)
@@ -241,7 +248,7 @@ class JobRunner:
         env = delivery.envelope
         try:
             with tracing.job_span(
-                "coldbrew claim", env, kind="consumer", destination=self.settings.namespace
+                span_name, env, kind="consumer", destination=self.settings.namespace
             ) as span:
                 claim = await self.writer.until_db_ok(op)
                 if span is not None and isinstance(claim, ClaimResult):
@@ -280,10 +287,13 @@ class JobRunner:
                 if self.lifecycle.draining:  # claimed during the drain: hand it straight back
                     state.stop = Stop.RELEASED
                     outcome: Outcome | Unwritten = Stop.RELEASED
-                else:
+                elif tracing.active():
                     outcome = await self._traced_run(state, claim)
+                else:  # no coroutine of _traced_run's built per job
+                    outcome = await self._run(state, claim)
                 with tracing.job_span("coldbrew outcome", env, attempt=claim.attempt) as span:
-                    tracing.set_attributes(span, _outcome_attributes(outcome))
+                    if span is not None:  # off: no attributes built
+                        tracing.set_attributes(span, _outcome_attributes(outcome))
                     await self.writer.record(state, outcome)
         finally:
             self.inflight.remove(state)
@@ -309,7 +319,7 @@ class JobRunner:
     # --- running --------------------------------------------------------------------
 
     async def _traced_run(self, state: JobState, claim: ClaimResult) -> Outcome | Unwritten:
-        """``_run`` in a ``coldbrew run`` span when tracing is on: linked to the previous
+        """``_run`` in a ``coldbrew run`` span (tracing is on): linked to the previous
         attempt's run span on a retry; a retrying outcome first leaves this span in the
         row for the next attempt's link (tracing.py)."""
         env = state.delivery.envelope
