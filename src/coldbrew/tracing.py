@@ -20,7 +20,9 @@ validates what producers send whether or not it traces.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
+import os
 import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
@@ -121,6 +123,11 @@ class _Otel:
         self.context = context
         self.propagator = TraceContextTextMapPropagator()
         self.off = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+        # Whether a global provider may be set: get_tracer_provider() reads os.environ on
+        # every call while none is (about 1.5 us here, four times a job), so the facade
+        # reads the API's own global instead, and the variable once.
+        self.env_provider = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+        self.reads_global = hasattr(trace, "_TRACER_PROVIDER")
         self.kinds = {
             "producer": trace.SpanKind.PRODUCER,
             "consumer": trace.SpanKind.CONSUMER,
@@ -145,14 +152,23 @@ def tracer() -> Tracer | None:
     global provider is found it is kept: OpenTelemetry sets the global one only once."""
     if _tracer is not None:
         return _tracer
+    if _otel is None:
+        return None
     return _resolve()
 
 
 def _resolve() -> Tracer | None:
     global _tracer
-    otel = _load()
+    otel = _otel if _otel is not _UNRESOLVED else _load()
     if otel is None:
         return None
+    if (
+        _override is None
+        and otel.reads_global
+        and otel.trace._TRACER_PROVIDER is None
+        and not otel.env_provider
+    ):
+        return None  # no provider set: the hot path's answer while tracing is off
     provider = _override if _override is not None else otel.trace.get_tracer_provider()
     if isinstance(provider, otel.off):
         return None
@@ -186,6 +202,13 @@ def _parent(traceparent: str | None, tracestate: str | None) -> Any:
     """The OpenTelemetry context a checked ``traceparent`` names (None: the current one)."""
     if traceparent is None:
         return None
+    return _extract(traceparent, tracestate)
+
+
+@functools.lru_cache(maxsize=4096)
+def _extract(traceparent: str, tracestate: str | None) -> Any:
+    """The propagator's reading of a job's headers, cached: each of a job's spans names the
+    same parent, and an OpenTelemetry context is immutable."""
     carrier = {"traceparent": traceparent}
     if tracestate is not None:
         carrier["tracestate"] = tracestate
@@ -215,13 +238,15 @@ def _job_span(
         "coldbrew.job.id": job.id,
         "coldbrew.job.type": job.type,
         "coldbrew.job.tenant": job.tenant,
-        "coldbrew.job.queue": job.queue,
-        "messaging.system": _SYSTEM,
-        "messaging.message.id": job.id,
-        "messaging.rabbitmq.destination.routing_key": f"{job.queue}.{job.tenant}",
     }
-    if destination is not None:
-        attributes["messaging.destination.name"] = destination
+    if kind != "internal":  # a messaging span: the message's conventions (the SDK checks
+        # every attribute of every span, so the run and outcome spans carry only the job's)
+        attributes["coldbrew.job.queue"] = job.queue
+        attributes["messaging.system"] = _SYSTEM
+        attributes["messaging.message.id"] = job.id
+        attributes["messaging.rabbitmq.destination.routing_key"] = f"{job.queue}.{job.tenant}"
+        if destination is not None:
+            attributes["messaging.destination.name"] = destination
     if attempt is not None:
         attributes["coldbrew.job.attempt"] = attempt
     links = None
@@ -257,9 +282,13 @@ def job_span(
     to link to (the previous attempt's run span). The span is current inside the
     ``with``, so a job's own spans nest under its run span; an exception escaping it is
     recorded and marks it an error (OpenTelemetry's default)."""
-    active_tracer = _tracer if _tracer is not None else _resolve()
+    active_tracer = _tracer
     if active_tracer is None:
-        return _NULL
+        if _otel is None:  # the extra is not installed: one global read
+            return _NULL
+        active_tracer = _resolve()
+        if active_tracer is None:
+            return _NULL
     return _job_span(active_tracer, name, job, kind, attempt, destination, previous)
 
 
