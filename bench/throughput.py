@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import secrets
 import statistics
 import subprocess
@@ -44,6 +45,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 import aio_pika
 import asyncpg
 from bench._common import (
+    REPO_ROOT,
     BenchError,
     MachineCPU,
     Spread,
@@ -95,6 +97,7 @@ class Config:
     claim_commit: str | None = None  # COLDBREW_CLAIM_COMMIT of the worker (None: its default)
     coldbrew_prefetch: int = 0  # COLDBREW_PREFETCH of the worker (0: its default)
     queue_type: QueueType = "classic"  # COLDBREW_QUEUE_TYPE of the worker, and the raw loop's queue
+    otel: str = "off"  # --otel: the worker's tracing (absent, off, on)
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
 
 
@@ -387,7 +390,13 @@ async def run_coldbrew(cfg: Config, index: int) -> Drain:
             if cfg.coldbrew_prefetch:
                 claim_env["COLDBREW_PREFETCH"] = str(cfg.coldbrew_prefetch)
             claim_env["COLDBREW_QUEUE_TYPE"] = cfg.queue_type
-            async with worker_process(cfg, namespace, label, extra_env=claim_env) as worker:
+            app_ref = "bench.otel_apps:app" if cfg.otel == "on" else "bench.apps:app"
+            if cfg.otel == "absent":  # import opentelemetry fails, as without the extra
+                hidden = SCRIPT.parent / "no_otel"
+                claim_env["PYTHONPATH"] = f"{hidden}{os.pathsep}{REPO_ROOT}"
+            async with worker_process(
+                cfg, namespace, label, extra_env=claim_env, app_ref=app_ref
+            ) as worker:
                 start = Snapshot.take(worker.pid)
                 polls, polling = await wait_succeeded(cfg, conn, namespace, worker.process, label)
                 end = Snapshot.take(worker.pid)
@@ -551,6 +560,7 @@ def summarize(
             "prefetch": cfg.prefetch,
             "claim_commit": cfg.claim_commit or "default",
             "queue_type": cfg.queue_type,
+            "otel": cfg.otel,
             "poll_seconds": POLL_SECONDS,
             "publish_window": PUBLISH_WINDOW,
         },
@@ -681,6 +691,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="classic",
         help="COLDBREW_QUEUE_TYPE of the worker, and the raw loop's queue type (classic)",
     )
+    parser.add_argument(
+        "--otel",
+        choices=("absent", "off", "on"),
+        default="off",
+        help="the worker's tracing: absent (opentelemetry hidden, as without the otel extra),"
+        " off (default: as installed here, no tracer provider), on (an SDK provider, spans"
+        " batched and dropped)",
+    )
     parser.add_argument("--raw-consumer", metavar="QUEUE", help=argparse.SUPPRESS)
     parser.add_argument("--prefetch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -725,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
             claim_commit=args.claim_commit,
             coldbrew_prefetch=args.coldbrew_prefetch,
             queue_type=args.queue_type,
+            otel=args.otel,
         )
 
     return run_main(config, run, render, json_output=args.json, workdir_prefix="cbbench-")

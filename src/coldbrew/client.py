@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from coldbrew import storable
+from coldbrew import storable, tracing
 from coldbrew.app import App, JobSpec
 from coldbrew.batches import BatchRecord
 from coldbrew.batchjobs import JobLike, cancel_batch, check_batch_id, create_batch
@@ -213,19 +213,22 @@ class Client:
             registered,
         )
         request.webhook_url = self._webhook(webhook_url)
-        if opts is not None:
-            return await self._submit_unique(request, opts)
-        request.run_at, request.delay = scheduled_at, scheduled_delay
-        if connection is not None:
-            return await self.store.flow.insert_in_transaction(connection, request)
-        record, mark = await self.store.jobs.insert_job(
-            request, relay_grace=self.settings.relay_grace_seconds
-        )
-        # a new queued job (an existing one keeps its own publishing; a scheduled one has no
-        # message until the relay publishes it at its run_at)
-        if mark is not None and record.status is Status.QUEUED:
-            await self._publish(request, mark)
-        return record
+        # the job's trace starts here (or joins the caller's span): its context goes into
+        # the row and the message, so every later publish of the job stays in this trace
+        with tracing.job_span("coldbrew submit", request, kind="producer"):
+            if opts is not None:
+                return await self._submit_unique(request, opts)
+            request.run_at, request.delay = scheduled_at, scheduled_delay
+            if connection is not None:
+                return await self.store.flow.insert_in_transaction(connection, request)
+            record, mark = await self.store.jobs.insert_job(
+                request, relay_grace=self.settings.relay_grace_seconds
+            )
+            # a new queued job (an existing one keeps its own publishing; a scheduled one has
+            # no message until the relay publishes it at its run_at)
+            if mark is not None and record.status is Status.QUEUED:
+                await self._publish(request, mark)
+            return record
 
     def _webhook(self, url: str | None) -> str | None:
         """The submission's webhook URL, checked (``InvalidRequest("invalid_webhook_url")``)."""

@@ -290,6 +290,13 @@ class Metrics:
             "Messages whose priority was outside 0-9 and was clamped.",
             registry=reg,
         )
+        self.trace_headers_ignored = Counter(
+            "coldbrew_trace_headers_ignored_total",
+            "Messages whose traceparent/tracestate header was malformed and ignored "
+            "(the job ran without it), by reason.",
+            ["reason"],
+            registry=reg,
+        )
         self.cap_waits = Counter(
             "coldbrew_cap_waits_total",
             "Claims that found a fleet-wide cap full; the delivery was held, not run.",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from coldbrew import durations, storable, urlguard
+from coldbrew import durations, storable, tracing, urlguard
 from coldbrew.app import JOB_TYPE_RE
 from coldbrew.errors import ContractViolation, InvalidRequest, UnstorableValue
 
@@ -102,6 +102,12 @@ class JobFields:
     webhook_url: str | None = None
     """Where a signed webhook announces the job's terminal status (``urlguard`` checked it);
     None: the tenant's URL, if it has one (migration 0012's trigger decides)."""
+    traceparent: str | None = None
+    """The job's W3C trace context (checked: ``tracing.check_traceparent``), carried in its
+    row and its messages; None: none (tracing off, or a producer that sent none)."""
+    tracestate: str | None = None
+    previous_span: str | None = None
+    """A retry's previous attempt's run span, as a traceparent: its run span links to it."""
 
     def row_fields(
         self,
@@ -143,6 +149,9 @@ class JobFields:
             self.run_at,
             self.delay,
             self.webhook_url,
+            self.traceparent,
+            self.tracestate,
+            self.previous_span,
         )
 
     @property
@@ -166,6 +175,9 @@ class Envelope(JobFields):
     """A delivery that satisfies the message contract (its type not yet looked up)."""
 
     priority_clamped: bool = False
+    trace_ignored: str | None = None
+    """Why a ``traceparent``/``tracestate`` header was ignored (malformed); the job runs
+    as if it had none (the intake counts and logs this)."""
 
 
 def parse_envelope(
@@ -201,7 +213,7 @@ def parse_envelope(
     clamped = priority is not None and not 0 <= priority <= MAX_PRIORITY
     run_at, delay = _header_schedule(headers)
     webhook_url = _header_webhook(headers, allow_private_webhooks)
-    return Envelope(
+    envelope = Envelope(
         id=job_id,
         type=job_type,
         args=args,
@@ -216,6 +228,26 @@ def parse_envelope(
         webhook_url=webhook_url,
         priority_clamped=clamped,
     )
+    if "traceparent" in headers or tracing.PREVIOUS_SPAN_HEADER in headers:
+        _header_trace(headers, envelope)
+    return envelope
+
+
+def _header_trace(headers: Mapping[str, Any], envelope: Envelope) -> None:
+    """The W3C trace headers, checked; a malformed one is ignored (noted on the envelope),
+    never a dead letter: tracing is the producer's business, the job is still runnable."""
+    raw = headers.get("traceparent")
+    if raw is not None:
+        envelope.traceparent = tracing.check_traceparent(raw)
+        if envelope.traceparent is None:
+            envelope.trace_ignored = "invalid_traceparent"
+        elif (state := headers.get("tracestate")) is not None:
+            envelope.tracestate = tracing.check_tracestate(state)
+            if envelope.tracestate is None:
+                envelope.trace_ignored = "invalid_tracestate"
+    previous = headers.get(tracing.PREVIOUS_SPAN_HEADER)
+    if previous is not None:
+        envelope.previous_span = tracing.check_traceparent(previous)
 
 
 def check_args(args: dict[str, Any]) -> None:
@@ -317,6 +349,9 @@ def message_headers(
     max_attempts: int | None,
     timeout: float | None,
     webhook_url: str | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
+    previous_span: str | None = None,
 ) -> dict[str, Any]:
     """The optional headers of a job message, as ``parse_envelope`` reads them back.
 
@@ -334,6 +369,12 @@ def message_headers(
         headers["x-timeout-seconds"] = repr(float(timeout))
     if webhook_url is not None:
         headers["x-webhook-url"] = webhook_url
+    if traceparent is not None:  # W3C Trace Context (tracing.py)
+        headers["traceparent"] = traceparent
+        if tracestate is not None:
+            headers["tracestate"] = tracestate
+    if previous_span is not None:
+        headers[tracing.PREVIOUS_SPAN_HEADER] = previous_span
     return headers
 
 

@@ -16,13 +16,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from coldbrew import storable
+from coldbrew import storable, tracing
 from coldbrew.api.auth import Principal
 from coldbrew.api.errors import ApiError
 from coldbrew.api.etag import if_none_match
 from coldbrew.api.instrument import metrics_response
 from coldbrew.api.limits import WaiterSlot
-from coldbrew.api.schemas import parse_submit
+from coldbrew.api.schemas import SubmitBody, parse_submit
 from coldbrew.api.watch import Snapshot, follow, wait_for_change
 from coldbrew.errors import BatchNotFound, JobNotFound, ServiceUnavailable
 from coldbrew.model import MAX_IDEMPOTENCY_KEY, JobRecord, Status
@@ -67,23 +67,11 @@ async def submit_job(request: Request) -> Response:
             "tenant_mismatch",
             f"this API key belongs to tenant {principal.tenant!r}, not {tenant!r}",
         )
-    record = await state.client.submit(
-        body.type,
-        body.args,
-        tenant=tenant,
-        queue=body.queue,
-        priority=body.priority,
-        idempotency_key=_idempotency_key(request),
-        max_attempts=body.max_attempts,
-        timeout=body.timeout_seconds,
-        unique_for=body.unique_for,
-        unique_by=None if body.unique_by is None else tuple(body.unique_by),
-        unique_states=None if body.unique_states is None else tuple(body.unique_states),
-        unique_keys=None if body.unique_keys is None else tuple(body.unique_keys),
-        run_at=body.schedule(),
-        delay=body.delay_seconds,
-        webhook_url=body.webhook_url or state.config.webhook_url,
-    )
+    # a caller's W3C trace context: the job's submit span is a child of its request's span
+    with tracing.remote_parent(
+        request.headers.get("traceparent"), request.headers.get("tracestate")
+    ):
+        record = await _submit(state, body, request, tenant)
     if record.duplicate and not principal.may_see(record.tenant):
         # a key without "tenant" in unique_by spans tenants: say so, show nothing of the job
         raise ApiError(
@@ -115,6 +103,27 @@ def _idempotency_key(request: Request) -> str | None:
     if (problem := storable.text_problem(key)) is not None:
         raise ApiError(422, "invalid_idempotency_key", f"Idempotency-Key {problem}")
     return key
+
+
+async def _submit(state: ApiState, body: SubmitBody, request: Request, tenant: str) -> JobRecord:
+    """``POST /jobs``'s submission, with what the request says."""
+    return await state.client.submit(
+        body.type,
+        body.args,
+        tenant=tenant,
+        queue=body.queue,
+        priority=body.priority,
+        idempotency_key=_idempotency_key(request),
+        max_attempts=body.max_attempts,
+        timeout=body.timeout_seconds,
+        unique_for=body.unique_for,
+        unique_by=None if body.unique_by is None else tuple(body.unique_by),
+        unique_states=None if body.unique_states is None else tuple(body.unique_states),
+        unique_keys=None if body.unique_keys is None else tuple(body.unique_keys),
+        run_at=body.schedule(),
+        delay=body.delay_seconds,
+        webhook_url=body.webhook_url or state.config.webhook_url,
+    )
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

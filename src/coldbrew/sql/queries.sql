@@ -4,20 +4,21 @@
 -- namespace's schema, so no statement names a schema.
 
 -- name: insert_job
--- Submit a job as queued and unpublished, or as scheduled when its run_at (or now + delay) is still ahead: publish_after is then that time, when the relay publishes it ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds, $11 run_at or null, $12 delay seconds or null, $13 webhook url or null)
+-- Submit a job as queued and unpublished, or as scheduled when its run_at (or now + delay) is still ahead: publish_after is then that time, when the relay publishes it ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds, $11 run_at or null, $12 delay seconds or null, $13 webhook url or null, $14 traceparent or null, $15 tracestate or null)
 WITH due AS MATERIALIZED (
     SELECT coalesce($11::timestamptz, now() + make_interval(secs => coalesce($12::float8, 0)))
            AS at
 )
 INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                  idempotency_key, status, run_at, publish_after, webhook_url)
+                  idempotency_key, status, run_at, publish_after, webhook_url,
+                  traceparent, tracestate)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
         CASE WHEN (SELECT at FROM due) > now() THEN 'scheduled'::job_status
              ELSE 'queued'::job_status END,
         greatest((SELECT at FROM due), now()),
         CASE WHEN (SELECT at FROM due) > now() THEN (SELECT at FROM due)
              ELSE now() + make_interval(secs => $10) END,
-        $13)
+        $13, $14, $15)
 ON CONFLICT (id) DO NOTHING
 RETURNING *;
 
@@ -264,7 +265,7 @@ FROM due
 WHERE j.id = due.id
 RETURNING j.id, j.type, j.queue, j.tenant, j.args, j.priority, j.max_attempts,
           j.timeout_seconds, j.idempotency_key, j.attempt, j.publish_after,
-          due.was::text AS was;
+          due.was::text AS was, j.traceparent, j.tracestate, j.trace_previous_span;
 
 -- name: clear_stale_publish_marks
 -- Drop publish marks left on rows that no longer wait (claimed or finished) ($1 limit)

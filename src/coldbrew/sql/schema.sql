@@ -674,3 +674,9 @@ LANGUAGE sql VOLATILE AS $$
       AND NOT EXISTS (SELECT 1 FROM server_epochs WHERE timeline = server_timeline())
     ON CONFLICT DO NOTHING
 $$;
+
+-- --- trace context (migration 0017): a job's W3C trace context, and a retry's link -----
+ALTER TABLE jobs
+    ADD COLUMN traceparent text,
+    ADD COLUMN tracestate text,
+    ADD COLUMN trace_previous_span text;

@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 
 from coldbrew.errors import JobNotFound, StaleWrite
-from coldbrew.model import JobRecord
+from coldbrew.model import JobFields, JobRecord
 from coldbrew.sql import QUERIES
 from coldbrew.store.base import StoreBase
 from coldbrew.store.records import ClaimRequest
@@ -37,10 +37,22 @@ class JobRows(StoreBase):
             request.run_at,
             request.delay,
             request.webhook_url,
+            request.traceparent,
+            request.tracestate,
         )
         if row is not None:
             return JobRecord.from_row(row), row["publish_after"]
         return await self.get_job(request.id), None
+
+    async def note_retry_trace(
+        self, job_id: str, attempt: int, job: JobFields, previous_span: str
+    ) -> None:
+        """Keep ``job``'s trace context and this attempt's run span (``previous_span``) in
+        its row before the retrying outcome is written, for the relay's republish
+        (tracing.py); a row this attempt no longer holds is left alone."""
+        await self._execute(
+            "note_retry_trace", job_id, attempt, job.traceparent, job.tracestate, previous_span
+        )
 
     async def defer_job(self, request: ClaimRequest) -> bool:
         """Record a delivered job that asks for a later start as ``scheduled``, if it has no

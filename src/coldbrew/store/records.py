@@ -124,6 +124,9 @@ class DuePublish(JobFields):
             attempt=row["attempt"],
             publish_after=row["publish_after"],
             was=row["was"],
+            traceparent=row["traceparent"],
+            tracestate=row["tracestate"],
+            previous_span=row["trace_previous_span"],
         )
 
 

@@ -17,6 +17,7 @@ import aiormq
 import structlog
 from aio_pika.abc import AbstractRobustExchange
 
+from coldbrew import tracing
 from coldbrew.errors import BrokerUnavailable
 from coldbrew.model import JobFields, message_body, message_headers
 from coldbrew.topology import Topology
@@ -50,6 +51,9 @@ def job_message(job: JobFields) -> aio_pika.Message:
         idempotency_key=job.idempotency_key,
         max_attempts=job.max_attempts,
         timeout=job.timeout,
+        traceparent=job.traceparent,
+        tracestate=job.tracestate,
+        previous_span=job.previous_span,
     )
     return aio_pika.Message(
         message_body(job.type, job.args),
@@ -88,10 +92,12 @@ class Publisher:
 
     async def publish_job(self, job: JobFields) -> None:
         """Publish one job and wait for the broker's confirm (quorum: to its priority's band,
-        with the banded routing key)."""
+        with the banded routing key; a ``coldbrew publish`` span, in the job's trace, when
+        tracing is on)."""
         jobs = self._exchanges.jobs
         key = self._topology.routing_key(job.queue, job.tenant, job.priority)
-        await self._publish(jobs, job_message(job), key)
+        with tracing.job_span("coldbrew publish", job, kind="producer", destination=jobs.name):
+            await self._publish(jobs, job_message(job), key)
 
     async def publish_jobs(self, jobs: Sequence[JobFields], *, window: int) -> list[bool]:
         """Publish many with confirms pipelined (``window`` in flight); True where confirmed."""

@@ -132,6 +132,9 @@ class Intake:
         env = delivery.envelope
         if env.priority_clamped:
             self.metrics.priority_clamped.inc()
+        if env.trace_ignored is not None:  # the job runs as if the producer sent none
+            self.metrics.trace_headers_ignored.labels(env.trace_ignored).inc()
+            log.info("trace_header_ignored", job_id=env.id, reason=env.trace_ignored)
         if message.redelivered:
             swept = self.sweep_returns.returned_here(message.message_id)
             self.metrics.redeliveries.labels("aging_sweep" if swept else "broker_flag").inc()

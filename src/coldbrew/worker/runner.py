@@ -27,16 +27,24 @@ from typing import Any, TypeVar
 
 import structlog
 
+from coldbrew import tracing
 from coldbrew.app import App
 from coldbrew.breaker import Breakers
 from coldbrew.caps import Capped, claim_capped
 from coldbrew.claimacks import ClaimAcks, HeldAck
 from coldbrew.client import Client
 from coldbrew.context import Context
-from coldbrew.errors import ContractViolation, JobCancelled, JobTimeout, Snooze, UnstorableData
+from coldbrew.errors import (
+    ContractViolation,
+    DatabaseUnavailable,
+    JobCancelled,
+    JobTimeout,
+    Snooze,
+    UnstorableData,
+)
 from coldbrew.jobstate import Delivery, InFlight, JobState, Stop, Unwritten
 from coldbrew.metrics import Metrics
-from coldbrew.model import Status
+from coldbrew.model import JobFields, Status
 from coldbrew.procpool import ProcessPool
 from coldbrew.rates import Bucket, RateLimited, claim_limited, claim_one_token
 from coldbrew.settings import Settings
@@ -163,7 +171,9 @@ class JobRunner:
             return True
         unique = UniqueKey.of(request, opts, delivery.args)
         admission = await self._claim(
-            delivery, lambda: self.store.unique.admit_delivery(request, unique)
+            delivery,
+            lambda: self.store.unique.admit_delivery(request, unique),
+            "coldbrew admit",
         )
         if admission is None:
             return False
@@ -224,14 +234,25 @@ class JobRunner:
             await delivery.message.ack()
         return recorded
 
-    async def _claim(self, delivery: Delivery, op: Callable[[], Awaitable[C]]) -> C | None:
+    async def _claim(
+        self,
+        delivery: Delivery,
+        op: Callable[[], Awaitable[C]],
+        span_name: str = "coldbrew claim",
+    ) -> C | None:
         """Upsert and claim the delivery's job, waiting out a database outage.
 
         None when the claim's data was refused (the delivery is dead-lettered)
         or the worker drains during the outage (the delivery is handed back).
         """
+        env = delivery.envelope
         try:
-            claim = await self.writer.until_db_ok(op)
+            with tracing.job_span(
+                span_name, env, kind="consumer", destination=self.settings.namespace
+            ) as span:
+                claim = await self.writer.until_db_ok(op)
+                if span is not None and isinstance(claim, ClaimResult):
+                    tracing.set_attributes(span, _claim_attributes(claim))
         except UnstorableData as exc:  # the job's own data, not the worker's trouble
             violation = ContractViolation(
                 "unstorable", f"PostgreSQL refused the job at claim: {exc}"
@@ -262,13 +283,20 @@ class JobRunner:
         if claim.waited is not None:
             handles.start_latency.observe(claim.waited)
         self.metrics.jobs_in_flight.inc()
+        env = delivery.envelope
         try:
-            if self.lifecycle.draining:  # claimed during the drain: hand it straight back
-                state.stop = Stop.RELEASED
-                outcome: Outcome | Unwritten = Stop.RELEASED
-            else:
-                outcome = await self._run(state, claim)
-            await self.writer.record(state, outcome)
+            with tracing.log_trace_id(env):  # the job's log lines carry its trace_id
+                if self.lifecycle.draining:  # claimed during the drain: hand it straight back
+                    state.stop = Stop.RELEASED
+                    outcome: Outcome | Unwritten = Stop.RELEASED
+                elif tracing.active():
+                    outcome = await self._traced_run(state, claim)
+                else:  # no coroutine of _traced_run's built per job
+                    outcome = await self._run(state, claim)
+                with tracing.job_span("coldbrew outcome", env, attempt=claim.attempt) as span:
+                    if span is not None:  # off: no attributes built
+                        tracing.set_attributes(span, _outcome_attributes(outcome))
+                    await self.writer.record(state, outcome)
         finally:
             self.inflight.remove(state)
             self.metrics.jobs_in_flight.dec()
@@ -291,6 +319,33 @@ class JobRunner:
         await delivery.message.ack()
 
     # --- running --------------------------------------------------------------------
+
+    async def _traced_run(self, state: JobState, claim: ClaimResult) -> Outcome | Unwritten:
+        """``_run`` in a ``coldbrew run`` span (tracing is on): linked to the previous
+        attempt's run span on a retry; a retrying outcome first leaves this span in the
+        row for the next attempt's link (tracing.py)."""
+        env = state.delivery.envelope
+        with tracing.job_span(
+            "coldbrew run", env, attempt=claim.attempt, previous=env.previous_span
+        ) as span:
+            outcome = await self._run(state, claim)
+            if span is None:
+                return outcome
+            tracing.set_attributes(span, _outcome_attributes(outcome))
+            if isinstance(outcome, Outcome) and outcome.status is not Status.SUCCEEDED:
+                tracing.mark_error(span, outcome.error_kind or str(outcome.status))
+                if outcome.status is Status.RETRYING:
+                    await self._note_retry_trace(state, env, span)
+        return outcome
+
+    async def _note_retry_trace(self, state: JobState, env: JobFields, span: Any) -> None:
+        """Write the trace context and this run span to the row before the retrying
+        outcome; a database failure costs the retry its link, not the job (logged)."""
+        previous, _ = tracing.traceparent_of(span)
+        try:
+            await self.store.jobs.note_retry_trace(state.id, state.attempt, env, previous)
+        except (DatabaseUnavailable, UnstorableData) as exc:
+            log.warning("retry_trace_not_noted", job_id=state.id, error=str(exc))
 
     async def _run(self, state: JobState, claim: ClaimResult) -> Outcome | Unwritten:
         """Run the job; return the outcome to write, or ``Stop.FENCED``/``Stop.RELEASED``."""
@@ -420,3 +475,20 @@ class JobRunner:
             except Exception as exc:  # noqa: BLE001 - a failing hook must not lose the cancel
                 log.warning("on_cancel_hook_failed", job_id=state.id, error=repr(exc))
         return outcomes.cancelled(state, reason)
+
+
+def _claim_attributes(claim: ClaimResult) -> dict[str, Any]:
+    return {
+        "coldbrew.job.attempt": claim.attempt,
+        "coldbrew.claim.claimed": claim.claimed,
+        "coldbrew.claim.status": claim.status,
+    }
+
+
+def _outcome_attributes(outcome: Outcome | Unwritten) -> dict[str, Any]:
+    if isinstance(outcome, Outcome):
+        attributes: dict[str, Any] = {"coldbrew.job.status": str(outcome.status)}
+        if outcome.error_kind is not None:
+            attributes["coldbrew.job.error_kind"] = outcome.error_kind
+        return attributes
+    return {"coldbrew.job.status": f"unwritten:{outcome.value}"}

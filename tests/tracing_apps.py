@@ -1,0 +1,33 @@
+"""Jobs for tests/integration/test_tracing.py: each reports the trace_id its log lines carry
+(structlog's context vars, which every line of the job merges in)."""
+
+from __future__ import annotations
+
+import structlog
+
+from coldbrew import App, Context, Retry
+
+app = App()
+
+
+def _trace_id() -> object:
+    return structlog.contextvars.get_contextvars().get("trace_id")
+
+
+@app.job()
+async def traced(ctx: Context) -> dict[str, object]:
+    ctx.log.debug("traced_job_ran")
+    return {"trace_id": _trace_id()}
+
+
+@app.job(max_attempts=3)
+async def fails_once(ctx: Context) -> dict[str, object]:
+    """Fails its first attempt (retried after 50 ms), then succeeds."""
+    if ctx.attempt == 1:
+        raise Retry("first attempt fails", delay=0.05)
+    return {"attempt": ctx.attempt, "trace_id": _trace_id()}
+
+
+@app.job(queue="slow")
+def pooled(ctx: Context, n: int) -> int:
+    return n * n
