@@ -26,6 +26,7 @@ from coldbrew.store import JobStore
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker
 from coldbrew.worker.aging_sweep import SweepReturns
+from coldbrew.worker.consumer_hold import ConsumerHold
 from coldbrew.worker.dead_letters import DeadLetters
 from coldbrew.worker.intake import Intake
 from coldbrew.worker.lifecycle import Lifecycle
@@ -55,6 +56,7 @@ class Parts:
     relay: Relay
     reaper: Reaper
     liveness: Liveness
+    hold: ConsumerHold
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,7 @@ class LaneConsumers:
                 topology.job_queue(queue, tenant),
                 topology.job_queue_arguments(),
                 self.intake.on_message,
+                held=True,
             )
         except BaseException:
             self._consumed.discard(key)
@@ -135,13 +138,16 @@ async def open_parts(stack: AsyncExitStack, shared: Shared) -> Parts:
         heartbeat=settings.amqp_heartbeat_seconds,
         consume_channels=settings.consume_channels,
     )
-    await broker.connect(prefetch=settings.effective_prefetch)
+    hold = ConsumerHold(
+        settings=settings, broker=broker, lifecycle=shared.lifecycle, metrics=shared.metrics
+    )
+    await broker.connect(prefetch=hold.initial_prefetch)
     stack.push_async_callback(broker.close)
     pool = await _open_pool(stack, shared)
     dead_letters = DeadLetters(store, broker, shared.metrics)
     runner = _runner(shared, store, broker, pool, dead_letters)
     stack.push_async_callback(runner.close)  # before the broker closes
-    return await _build(stack, shared, store, broker, runner, dead_letters)
+    return await _build(stack, shared, store, broker, runner, dead_letters, hold)
 
 
 async def _open_pool(stack: AsyncExitStack, shared: Shared) -> ProcessPool | None:
@@ -205,6 +211,7 @@ async def _build(
     broker: Broker,
     runner: JobRunner,
     dead_letters: DeadLetters,
+    hold: ConsumerHold,
 ) -> Parts:
     settings, metrics = shared.settings, shared.metrics
     metrics.watch_group_commits(store.group_commits)
@@ -226,6 +233,7 @@ async def _build(
         starvation=shared.starvation,
         sweep_returns=SweepReturns(),
         cap_listening=lambda: tenants is not None and tenants.cap_listening,
+        hold=hold,
     )
     consumers = LaneConsumers(shared, broker, intake)
     tenants = TenantQueues(
@@ -268,6 +276,7 @@ async def _build(
         relay,
         reaper,
         liveness,
+        hold,
     )
 
 

@@ -160,7 +160,7 @@ class Worker:
             metrics=metrics,
             worker_id=settings.worker_id,
             reconcile_seconds=settings.reconcile_seconds,
-            prefetch=settings.effective_prefetch,
+            prefetch=settings.hold_cap,  # the most a consumer holds; the hold is below it
             keep=settings.effective_prefetch if settings.aging_sweep_limit else 0,
             holdings=parts.intake.held_by_queue,
             ensure=parts.tenants.ensure,
@@ -196,6 +196,7 @@ class Worker:
             parts.relay,
             parts.reaper,
             parts.liveness,
+            parts.hold,
             sweeper,
             Heartbeat(
                 settings=settings,
