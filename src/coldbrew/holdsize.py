@@ -22,6 +22,7 @@ Pure policy (STYLE practice 10): no I/O, the caller passes the clock.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass
 
@@ -109,3 +110,50 @@ def plan(
     if may_resize and (want >= prefetch * RESIZE_FACTOR or want * RESIZE_FACTOR <= prefetch):
         return Consume(want)
     return None
+
+
+class PrefetchPermit:
+    """The prefetch the consumers may use: never more than the fleet was last told.
+
+    The reconciler bounds a tenant queue's unacked deliveries with the
+    prefetch each worker reported (worker/reconcile.py); a consumer whose
+    prefetch rose after the report could hold more than a look allows for,
+    and its deliveries would look lost. So a rise waits for a report: the
+    hold asks (``ask``), the reconciler reports ``claim()`` and, once that
+    report is committed, ``confirmed`` grants it. A fall takes effect at
+    once (``claim`` lowers the grant before the report is written).
+    """
+
+    def __init__(self, initial: int) -> None:
+        self.granted = initial
+        """The largest prefetch the hold may use now (a committed report covers it)."""
+        self.wanted = initial
+        """What the hold would use if it could."""
+        self.live = initial
+        """The prefetch the consumers were last started with."""
+        self.asked = asyncio.Event()
+        """Set when more than the grant is wanted (the reconciler then reports early)."""
+
+    def ask(self, want: int) -> int:
+        """The prefetch to use for ``want``: at most what is granted (``pending`` says if
+        more was asked)."""
+        self.wanted = want
+        if want > self.granted:
+            self.asked.set()
+        return min(want, self.granted)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a report should be made soon: the hold wants more than it may use."""
+        return self.wanted > self.granted
+
+    def claim(self) -> int:
+        """What the next report says this worker's consumers may hold: the live prefetch or
+        the wanted one, whichever is larger; the grant drops to it at once."""
+        value = max(self.live, self.wanted)
+        self.granted = min(self.granted, value)
+        return value
+
+    def confirmed(self, value: int) -> None:
+        """A report saying ``value`` is committed: the hold may use up to it."""
+        self.granted = value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coldbrew.holdsize import Consume, HoldLimits, Pause, StartRate, plan
+from coldbrew.holdsize import Consume, HoldLimits, Pause, PrefetchPermit, StartRate, plan
 from coldbrew.settings import DEFAULT_HOLD_CAP, load_settings
 
 LIMITS = HoldLimits(concurrency=2, hold_seconds=0.25, cap=1000)
@@ -82,3 +82,19 @@ def test_prefetch_setting_is_the_cap() -> None:
     assert load_settings().hold_cap == DEFAULT_HOLD_CAP
     assert load_settings(prefetch=2).hold_cap == 2
     assert load_settings(hold_seconds=0).hold_seconds == 0
+
+
+def test_the_prefetch_rises_only_after_a_report_says_so() -> None:
+    """The reconciler bounds unacked deliveries by the reported prefetch: a rise waits for
+    a committed report; a fall takes effect when the report is claimed."""
+    permit = PrefetchPermit(4)
+    assert permit.ask(100) == 4 and permit.pending and permit.asked.is_set()
+    claimed = permit.claim()
+    assert claimed == 100 and permit.ask(100) == 4, "not before the report is committed"
+    permit.confirmed(claimed)
+    assert permit.ask(100) == 100 and not permit.pending
+    permit.live = 100
+    assert permit.ask(10) == 10
+    permit.live = 10
+    assert permit.claim() == 10 and permit.granted == 10, "a fall is granted at once"
+    assert permit.ask(50) == 10

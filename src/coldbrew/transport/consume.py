@@ -13,6 +13,7 @@ from aio_pika.abc import AbstractRobustChannel, AbstractRobustQueue
 from coldbrew.errors import BrokerUnavailable
 from coldbrew.transport.connection import BrokerConnection
 from coldbrew.transport.inbound import InboundChannel, InboundHandler, OnDelivery, QueueCancels
+from coldbrew.transport.inspect import QueueInspector
 
 log = structlog.get_logger("coldbrew.broker")
 
@@ -55,6 +56,10 @@ class Consumers:
         self._paused = False
         self._closed = False
         self._lock = asyncio.Lock()  # consume, pause, resume and the drain, one at a time
+        # a missing queue's passive declare is a 404 that closes its channel: never on a
+        # consuming channel (it would requeue every delivery held there), on one of its own
+        self._inspector = QueueInspector(connection)
+        self._probed = 0  # where the next ``probe_paused`` starts (round robin)
 
     async def open(self, *, prefetch: int) -> None:
         """Open the first channel (at connect: a later one opens with its first queue)."""
@@ -89,7 +94,16 @@ class Consumers:
     async def _consume(
         self, queue_name: str, arguments: Mapping[str, Any], on_delivery: OnDelivery, *, held: bool
     ) -> None:
-        if queue_name in self._consumers or self._closed:
+        if self._closed:
+            return
+        if (known := self._consumers.get(queue_name)) is not None:
+            # declared again after a probe found it missing while paused: it consumes again
+            # now unless the hold is still paused (then ``resume`` starts it)
+            if not (known.held and self._paused):
+                try:
+                    await known.start()
+                except CONSUME_ERRORS as exc:
+                    raise BrokerUnavailable(f"consuming {queue_name} again: {exc!r}") from exc
             return
         channel = await self.next_channel()
         queue = await channel.declare_queue(queue_name, durable=True, arguments=dict(arguments))
@@ -144,6 +158,33 @@ class Consumers:
             self._paused = True
             await asyncio.gather(*(s.stop() for s in self._consumers.values() if s.held))
 
+    async def probe_paused(self, limit: int) -> list[str]:
+        """Passively declare up to ``limit`` of the paused queues (round robin); a missing one
+        is reported in ``cancels`` as a broker's cancel would be, and its name returned.
+
+        A paused queue has no consumer of ours, so its deletion sends us no
+        ``basic.cancel``: without this look the worker would notice only
+        when it consumed again (a 404 on a consuming channel) or at the
+        reconciler's next pass.
+        """
+        async with self._lock:
+            idle = [s for s in self._consumers.values() if s.held and not s.consuming]
+            if not idle or self._closed:
+                return []
+            start = self._probed % len(idle)
+            chosen = (idle[start:] + idle[:start])[:limit]
+            self._probed = start + len(chosen)
+            return await self._report_missing(chosen)
+
+    async def _report_missing(self, subscriptions: list[_Subscription]) -> list[str]:
+        missing: list[str] = []
+        for subscription in subscriptions:
+            name = subscription.queue.name
+            if await self._inspector.counts(name) is None:
+                missing.append(name)
+                self.cancels.add(name, cause="missing_while_paused")
+        return missing
+
     async def resume(self, prefetch: int) -> None:
         """Consume the held queues again (or anew, to change it), each with ``prefetch``.
 
@@ -163,7 +204,14 @@ class Consumers:
                 if prefetch != self._prefetch:
                     await asyncio.gather(*(c.set_qos(prefetch_count=prefetch) for c in self._open))
                     self._prefetch = prefetch
-                results = await asyncio.gather(*(s.start() for s in held), return_exceptions=True)
+                # a queue deleted while paused: declared again by whoever takes ``cancels``
+                # (the reconciler), then consumed by its ``consume``; a basic.consume here
+                # would be a 404 closing a consuming channel
+                missing = set(await self._report_missing(held))
+                starting = [s for s in held if s.queue.name not in missing]
+                results = await asyncio.gather(
+                    *(s.start() for s in starting), return_exceptions=True
+                )
             except CONSUME_ERRORS as exc:
                 raise BrokerUnavailable(f"consuming the tenant queues again: {exc!r}") from exc
             for result in results:  # the ones not started are started by the next resume

@@ -26,7 +26,7 @@ from contextlib import suppress
 
 import structlog
 
-from coldbrew.holdsize import Consume, HoldLimits, Pause, StartRate, plan
+from coldbrew.holdsize import Consume, HoldLimits, Pause, PrefetchPermit, StartRate, plan
 from coldbrew.metrics import Metrics
 from coldbrew.settings import Settings
 from coldbrew.transport import Broker
@@ -39,6 +39,11 @@ TICK_SECONDS = 0.25
 """How often the start rate is folded in (and the prefetch reconsidered)."""
 RATE_WINDOW_SECONDS = 0.5
 """The start rate's averaging window (a few ticks: a no-op drain reaches its hold in ~1 s)."""
+PROBE_SECONDS = 1.0
+"""While paused, how often the paused queues are looked at (a passive declare each): a queue
+deleted meanwhile sends no basic.cancel to a consumer we do not have."""
+PROBE_BATCH = 200
+"""Paused queues looked at per probe at most (round robin over more)."""
 RESIZE_EVERY_SECONDS = 1.0
 """At most one re-consume with a new prefetch per this (each costs a cancel and a
 consume per tenant queue)."""
@@ -73,6 +78,10 @@ class ConsumerHold:
         self._waiting = 0
         self._wake = asyncio.Event()
         self._resized_at = 0.0
+        self._probed_at = 0.0
+        self.permit = PrefetchPermit(self.initial_prefetch)
+        """What the fleet was told this worker's consumers may hold (the reconciler reports
+        it); the prefetch rises only within it."""
 
     @property
     def initial_prefetch(self) -> int:
@@ -112,7 +121,8 @@ class ConsumerHold:
             backoff.reset()
 
     async def apply(self, now: float) -> None:
-        """Fold in the start rate and change the consumers if the plan says so."""
+        """Fold in the start rate and change the consumers if the plan says so; while paused,
+        look for a paused queue that was deleted (``PROBE_SECONDS``)."""
         rate = self._rate.tick(now, self.finished)
         consumers = self.broker.consumers
         action = plan(
@@ -128,8 +138,14 @@ class ConsumerHold:
             await consumers.pause()
             self.metrics.consumer_pauses.inc()
         elif isinstance(action, Consume):
-            if not consumers.paused:
-                self._resized_at = now
-                log.info("consumer_prefetch", prefetch=action.prefetch, rate=round(rate, 1))
-            await consumers.resume(action.prefetch)
+            prefetch = self.permit.ask(action.prefetch)
+            if consumers.paused or prefetch != consumers.prefetch:
+                if not consumers.paused:
+                    self._resized_at = now
+                    log.info("consumer_prefetch", prefetch=prefetch, rate=round(rate, 1))
+                await consumers.resume(prefetch)
+                self.permit.live = consumers.prefetch
+        if consumers.paused and now - self._probed_at >= PROBE_SECONDS:
+            self._probed_at = now
+            await consumers.probe_paused(PROBE_BATCH)
         self.metrics.consumer_prefetch.set(0 if consumers.paused else consumers.prefetch)

@@ -99,12 +99,20 @@ class LaneConsumers:
     async def consume(self, queue: str, tenant: str) -> None:
         """Consume one (lane, tenant) queue if it is one of our lanes (idempotent)."""
         key = (queue, tenant)
-        if queue not in self.shared.lanes or key in self._consumed:
+        if queue not in self.shared.lanes or self.shared.lifecycle.draining:
             return
-        if self.shared.lifecycle.draining:
+        topology = self.shared.topology
+        if key in self._consumed:
+            # idempotent; it starts again a consumer that a probe stopped because its queue
+            # was deleted while paused, once the queue is declared again (consume.py)
+            await self.broker.consume(
+                topology.job_queue(queue, tenant),
+                topology.job_queue_arguments(),
+                self.intake.on_message,
+                held=True,
+            )
             return
         self._consumed.add(key)
-        topology = self.shared.topology
         try:
             await self.broker.consume(
                 topology.job_queue(queue, tenant),

@@ -160,11 +160,12 @@ class Worker:
             metrics=metrics,
             worker_id=settings.worker_id,
             reconcile_seconds=settings.reconcile_seconds,
-            prefetch=settings.hold_cap,  # the most a consumer holds; the hold is below it
+            prefetch=parts.hold.permit.granted,  # then what the hold is permitted (reported)
             keep=settings.effective_prefetch if settings.aging_sweep_limit else 0,
             holdings=parts.intake.held_by_queue,
             ensure=parts.tenants.ensure,
             cancels=broker.queue_cancels,
+            permit=parts.hold.permit,
         )
         sweeper = QueueSweeper(
             watch=self.starvation,
