@@ -93,3 +93,30 @@ async def test_paused_consumers_deliver_nothing_and_resume_with_a_new_prefetch(
     finally:
         await broker.close()
         await drop_broker_entities(namespace, [("default", "t1")])
+
+
+async def test_a_queue_deleted_while_its_consumer_is_paused_is_declared_again(
+    start_worker: WorkerFactory, client: Client, amqp: aio_pika.abc.AbstractChannel, namespace: str
+) -> None:
+    """A saturated worker of long jobs has cancelled its consumers, so the broker has no
+    consumer to cancel when the queue is deleted: the worker's probe notices within about
+    a second and the queue is declared and bound again (with the reconciler far off), and
+    once a slot frees it consumes the new queue."""
+    worker = await start_worker(worker_id="p", concurrency=1, reconcile_seconds=600.0)
+    consumers = worker.parts.broker.consumers
+    first = await client.submit("timed_sleep", {"seconds": 3.0})
+    await wait_until(lambda: holds(consumers.paused), timeout=10)
+    queue = Topology(namespace).job_queue("default", "default")
+    redeclared = worker.metrics.queues_redeclared.labels("cancelled")
+    before = redeclared._value.get()
+    deleted = time.monotonic()
+    await amqp.queue_delete(queue)
+    await wait_until(lambda: holds(redeclared._value.get() > before), timeout=5)
+    noticed = time.monotonic() - deleted
+    assert consumers.paused, "noticed while still paused (the job runs 3 s)"
+    # bound again: a new job routes into the queue, and the worker consumes it after `first`
+    second = await client.submit("timed_sleep", {"seconds": 0.1})
+    done = [await client.wait(job.id, timeout=20) for job in (first, second)]
+    print(f"\npaused queue deleted: declared again {noticed:.2f} s after the delete")
+    assert [d.status for d in done] == ["succeeded", "succeeded"]
+    assert noticed < 3.0
