@@ -62,7 +62,10 @@ next bound, so picks never snowball.
 the queue and re-consumes, and this service declares and binds it again at once
 (a queue aio-pika re-declares has no binding: new messages would detour through
 ``<ns>.unrouted``) and looks right away; a look that finds a queue missing
-does the same. What the deleted queue held is then found by the rules above.
+does the same. A worker whose consumers are paused (worker/consumer_hold.py) gets
+no basic.cancel; its probe of the paused queues reports a missing one through
+the same ``QueueCancels``. What the deleted queue held is then found by the
+rules above.
 """
 
 from __future__ import annotations
