@@ -197,6 +197,8 @@ class Consumers:
             if self._closed:
                 return
             held = [s for s in self._consumers.values() if s.held]
+            # those without a consumer of ours could have been deleted unannounced
+            unwatched = [s for s in held if not s.consuming]
             if not self._paused:
                 await asyncio.gather(*(s.stop() for s in held))
             self._paused = True  # until every held queue consumes again
@@ -207,7 +209,7 @@ class Consumers:
                 # a queue deleted while paused: declared again by whoever takes ``cancels``
                 # (the reconciler), then consumed by its ``consume``; a basic.consume here
                 # would be a 404 closing a consuming channel
-                missing = set(await self._report_missing(held))
+                missing = set(await self._report_missing(unwatched))
                 starting = [s for s in held if s.queue.name not in missing]
                 results = await asyncio.gather(
                     *(s.start() for s in starting), return_exceptions=True
