@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -94,8 +95,9 @@ POLL_SECONDS = 0.005  # ack counters and the consumer count: shared memory and o
 PUBLISH_TIMEOUT = 300.0
 START_TIMEOUT = 90.0
 CELERY_PREFORK_CHILDREN = 2
-TARGET_RAW = 0.6
-TARGET_PEER = 1.5
+TARGET_RAW = 0.8  # issue #19: against the raw loop at its best prefetch
+TARGET_PEER = 1.1  # issue #19: against the fastest single-process peer at its best prefetch
+PREFETCHES = (100, 300, 1000)
 
 
 @dataclass
@@ -105,6 +107,8 @@ class PeerConfig(Config):
     sides: tuple[str, ...] = SIDES
     threads: int = 8
     coldbrew_prefetch: int = 0
+    prefetches: tuple[int, ...] = PREFETCHES
+    """Each peer (and the raw loop) drains once per prefetch a round; its best counts."""
 
 
 @dataclass
@@ -677,7 +681,7 @@ async def run_coldbrew_side(cfg: PeerConfig, side: str, index: int) -> SideDrain
 
 async def run_raw_side(cfg: PeerConfig, index: int) -> SideDrain:
     """``throughput.run_raw``, timed by its consumer: "go" to a round trip after the last ack."""
-    raw = await run_raw(cfg, index)
+    raw = await run_raw(cfg, index, cfg.prefetch)
     return SideDrain(
         "raw",
         index,
@@ -731,8 +735,26 @@ async def run(cfg: PeerConfig) -> dict[str, Any]:
     for index in range(cfg.repeat):
         shift = index % len(cfg.sides)
         for side in cfg.sides[shift:] + cfg.sides[:shift]:  # a rotating order per round
-            drains.append(await run_side(cfg, side, index))
+            drains.append(await best_of_prefetches(cfg, side, index))
     return summarize(cfg, machine, drains)
+
+
+async def best_of_prefetches(cfg: PeerConfig, side: str, index: int) -> SideDrain:
+    """A peer's (or the raw loop's) best drain of the round over ``cfg.prefetches``; coldbrew
+    sizes its own hold, so it drains once. The prefetch each drain had is in ``extra``."""
+    if side.startswith("coldbrew"):
+        return await run_side(cfg, side, index)
+    tried: list[SideDrain] = []
+    for prefetch in cfg.prefetches:
+        drain = await run_side(dataclasses.replace(cfg, prefetch=prefetch), side, index)
+        drain.extra["prefetch"] = prefetch
+        tried.append(drain)
+    ok = [d for d in tried if d.error is None]
+    if not ok:
+        return tried[-1]
+    best = max(ok, key=lambda d: d.rate)
+    best.extra["rates_by_prefetch"] = {d.extra["prefetch"]: d.rate for d in ok}
+    return best
 
 
 def peer_versions() -> dict[str, str]:
@@ -781,11 +803,11 @@ def summarize(cfg: PeerConfig, machine: dict[str, Any], drains: list[SideDrain])
             "jobs": cfg.jobs,
             "repeat": cfg.repeat,
             "sides": list(cfg.sides),
-            "prefetch": cfg.prefetch,
+            "prefetch": list(cfg.prefetches),
             "coldbrew_concurrency": cfg.concurrency,
             "coldbrew_prefetch": Settings.model_construct(
                 concurrency=cfg.concurrency, prefetch=cfg.coldbrew_prefetch
-            ).effective_prefetch,
+            ).hold_cap,
             "dramatiq_threads": cfg.threads,
             "celery_prefork_children": CELERY_PREFORK_CHILDREN,
             "poll_seconds": POLL_SECONDS,
@@ -847,8 +869,9 @@ def render(result: dict[str, Any]) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in machine["peer_packages"].items())
     lines = [
         f"peer throughput: {cfg['jobs']:,} pre-published no-op jobs, {cfg['repeat']} rounds, "
-        f"late acks; prefetch {cfg['prefetch']} (raw and peers), coldbrew concurrency "
-        f"{cfg['coldbrew_concurrency']} prefetch {cfg['coldbrew_prefetch']}",
+        f"late acks; raw and peers at their best of prefetch "
+        f"{'/'.join(map(str, cfg['prefetch']))}, coldbrew concurrency "
+        f"{cfg['coldbrew_concurrency']}, its hold capped at {cfg['coldbrew_prefetch']}",
         f"coldbrew {machine.get('coldbrew_commit') or '?'}{dirty}; {machine['nproc']} x "
         f"{machine['cpu_model']}, {machine['ram_gib']} GiB; RabbitMQ {machine['rabbitmq']}, "
         f"PostgreSQL {machine['postgresql']}, Python {machine['python']}",
@@ -877,6 +900,9 @@ def render(result: dict[str, Any]) -> str:
         )
         if entry["errors"]:
             lines.append(f"{'':<17} ({len(entry['errors'])} failed: {entry['errors'][0][:150]})")
+        chosen = [r["extra"].get("prefetch") for r in entry["runs"] if r.get("extra")]
+        if any(p is not None for p in chosen):
+            lines.append(f"{'':<17} (best prefetch per round: {', '.join(map(str, chosen))})")
     lines += [
         "(medians; jobs/s = all N acked (coldbrew: and succeeded) from the consumers' start;",
         " 10-90% = the ack rate between 10% and 90% of N, without start-up and tail;",
@@ -919,7 +945,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}"
     )
     parser.add_argument(
-        "--prefetch", type=int, default=100, help="prefetch of the raw loop and the peers (100)"
+        "--prefetch",
+        default=",".join(map(str, PREFETCHES)),
+        help="prefetches the raw loop and each peer try per round, the best kept (100,300,1000)",
     )
     parser.add_argument(
         "--concurrency", type=int, default=100, help="COLDBREW_CONCURRENCY, taskiq's async tasks"
@@ -936,10 +964,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.jobs = args.jobs or (2_000 if args.quick else 20_000)
     args.repeat = args.repeat or (1 if args.quick else 3)
     args.sides = tuple(s.strip() for s in args.sides.split(",") if s.strip())
+    try:
+        args.prefetch = tuple(int(p) for p in str(args.prefetch).split(",") if p.strip())
+    except ValueError:
+        parser.error(f"--prefetch: not a comma-separated list of integers: {args.prefetch}")
+    if not args.prefetch:
+        parser.error("--prefetch: none given")
     unknown = set(args.sides) - set(SIDES)
     if unknown or not args.sides:
         parser.error(f"--sides: unknown {', '.join(sorted(unknown)) or '(none given)'}")
-    if min(args.jobs, args.repeat, args.prefetch, args.concurrency, args.threads) < 1:
+    if min(args.jobs, args.repeat, *args.prefetch, args.concurrency, args.threads) < 1:
         parser.error("--jobs, --repeat, --prefetch, --concurrency and --threads must be positive")
     return args
 
@@ -954,7 +988,8 @@ def main(argv: list[str] | None = None) -> int:
             jobs=args.jobs,
             repeat=args.repeat,
             concurrency=args.concurrency,
-            prefetch=args.prefetch,
+            prefetch=args.prefetch[0],
+            prefetches=args.prefetch,
             idle_seconds=0.0,
             amqp_url=args.amqp_url,
             database_url=args.database_url,

@@ -4,8 +4,11 @@ Each repetition runs two sides, alternating, each on ``--jobs`` messages
 pre-published (confirms pipelined, ~256 in flight) before its consumer starts:
 
 * **raw loop**: a subprocess (uvloop, like the worker) that consumes a fresh
-  durable classic priority queue with coldbrew's prefetch and acks each
-  message after receiving it, doing no work. Timed from "go" until the last
+  durable classic priority queue and acks each message after receiving it,
+  doing no work, at ``--raw-prefetch`` (300, the best plain consumer here,
+  issue #19; the ratio against it is the target), and again at coldbrew's
+  prefetch cap (``hold_cap``, 1000 by default: the same-prefetch ratio, a
+  second line). Timed from "go" until the last
   ack has been followed by a round trip on the same channel (so the broker
   has processed every ack).
 * **coldbrew**: one ``coldbrew worker bench.apps:app`` subprocess on a fresh
@@ -80,6 +83,8 @@ SERVICE_COMMANDS = ("postgres", "beam.smp")
 SCRIPT = Path(__file__).resolve()
 POLL_SECONDS = 0.05
 PUBLISH_WINDOW = 256
+RAW_PREFETCH = 300
+"""The raw loop's prefetch: the best plain aio-pika consumer here (issue #19)."""
 PROFILE_RATE = 250
 
 
@@ -88,7 +93,7 @@ class Config:
     jobs: int
     repeat: int
     concurrency: int
-    prefetch: int
+    prefetch: int  # the raw loop's (--raw-prefetch)
     idle_seconds: float
     amqp_url: str
     database_url: str
@@ -98,6 +103,7 @@ class Config:
     coldbrew_prefetch: int = 0  # COLDBREW_PREFETCH of the worker (0: its default)
     queue_type: QueueType = "classic"  # COLDBREW_QUEUE_TYPE of the worker, and the raw loop's queue
     otel: str = "off"  # --otel: the worker's tracing (absent, off, on)
+    same_prefetch: int = 0  # coldbrew's prefetch cap: the raw loop's second run (0: none)
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
 
 
@@ -210,8 +216,8 @@ async def raw_consumer(amqp_url: str, queue_name: str, count: int, prefetch: int
         await connection.close()
 
 
-async def run_raw(cfg: Config, index: int) -> Drain:
-    queue_name = f"cbbench_{cfg.run_id}.raw.{index}"
+async def run_raw(cfg: Config, index: int, prefetch: int) -> Drain:
+    queue_name = f"cbbench_{cfg.run_id}.raw{prefetch}.{index}"
     process: asyncio.subprocess.Process | None = None
     try:
         connection = await aio_pika.connect(cfg.amqp_url)
@@ -224,7 +230,7 @@ async def run_raw(cfg: Config, index: int) -> Drain:
                 channel.default_exchange,
                 queue_name,
                 cfg.jobs,
-                id_prefix=f"raw-{cfg.run_id}-{index}",
+                id_prefix=f"raw{prefetch}-{cfg.run_id}-{index}",
                 window=PUBLISH_WINDOW,
             )
         finally:
@@ -238,7 +244,7 @@ async def run_raw(cfg: Config, index: int) -> Drain:
             "--jobs",
             str(cfg.jobs),
             "--prefetch",
-            str(cfg.prefetch),
+            str(prefetch),
             "--amqp-url",
             cfg.amqp_url,
             stdin=subprocess.PIPE,
@@ -516,15 +522,19 @@ async def run(cfg: Config) -> dict[str, Any]:
         f"PostgreSQL {machine['postgresql']}, {machine['nproc']} CPUs"
     )
     raw: list[Drain] = []
+    same: list[Drain] = []
     cold: list[Drain] = []
     for index in range(cfg.repeat):
-        raw.append(await run_raw(cfg, index))
+        raw.append(await run_raw(cfg, index, cfg.prefetch))
         progress(f"raw #{index + 1}: {raw[-1].rate:,.0f} msg/s ({raw[-1].seconds:.2f} s)")
         cold.append(await run_coldbrew(cfg, index))
         progress(f"coldbrew #{index + 1}: {cold[-1].rate:,.0f} jobs/s ({cold[-1].seconds:.2f} s)")
+        if cfg.same_prefetch and cfg.same_prefetch != cfg.prefetch:
+            same.append(await run_raw(cfg, index, cfg.same_prefetch))
+            progress(f"raw@{cfg.same_prefetch} #{index + 1}: {same[-1].rate:,.0f} msg/s")
     idle = await idle_memory(cfg)
     progress(f"idle: VmRSS {idle['rss_kib'] / 1024:.1f} MiB")
-    result = summarize(cfg, machine, raw, cold, idle)
+    result = summarize(cfg, machine, raw, cold, idle, same or raw)
     if cfg.profile_dir is not None:
         cfg.profile_dir.mkdir(parents=True, exist_ok=True)
         result["profile"] = await profile_drain(cfg, cfg.profile_dir)
@@ -533,9 +543,15 @@ async def run(cfg: Config) -> dict[str, Any]:
 
 
 def summarize(
-    cfg: Config, machine: dict[str, Any], raw: list[Drain], cold: list[Drain], idle: dict[str, Any]
+    cfg: Config,
+    machine: dict[str, Any],
+    raw: list[Drain],
+    cold: list[Drain],
+    idle: dict[str, Any],
+    same: list[Drain],
 ) -> dict[str, Any]:
     ratios = [c.rate / r.rate for r, c in zip(raw, cold, strict=True)]
+    same_ratios = [c.rate / r.rate for r, c in zip(same, cold, strict=True)]
 
     def side(drains: list[Drain]) -> dict[str, Any]:
         def per_job(values: list[float]) -> float:
@@ -558,6 +574,7 @@ def summarize(
             "repeat": cfg.repeat,
             "concurrency": cfg.concurrency,
             "prefetch": cfg.prefetch,
+            "same_prefetch": cfg.same_prefetch,
             "claim_commit": cfg.claim_commit or "default",
             "queue_type": cfg.queue_type,
             "otel": cfg.otel,
@@ -566,8 +583,10 @@ def summarize(
         },
         "machine": machine,
         "raw": side(raw),
+        "raw_same_prefetch": side(same),
         "coldbrew": side(cold),
-        "ratio": {"median": statistics.median(ratios), "per_pair": ratios, "target": 0.4},
+        "ratio": {"median": statistics.median(ratios), "per_pair": ratios, "target": 0.8},
+        "same_prefetch_ratio": {"median": statistics.median(same_ratios), "per_pair": same_ratios},
         "idle": idle | {"target_mib": 80},
     }
 
@@ -575,6 +594,7 @@ def summarize(
 def render(result: dict[str, Any]) -> str:
     cfg, raw, cold = result["config"], result["raw"], result["coldbrew"]
     ratio, idle = result["ratio"], result["idle"]
+    same = result["same_prefetch_ratio"]
 
     def row(name: str, side: dict[str, Any]) -> str:
         rate, secs, cpu = side["rate"], side["seconds"], side["cpu_us_per_job"]
@@ -606,13 +626,20 @@ def render(result: dict[str, Any]) -> str:
         f"{'---- CPU us/job ----':>23} {'machine cores':>13}",
         f"{'side':<10} {'median':>10} {'min-max':>13} {'s':>7} "
         f"{'consumer':>9} {'pg':>6} {'rmq':>6} {'busy':>6} {'steal':>6}",
-        row("raw loop", raw),
+        row(f"raw@{cfg['prefetch']}", raw),
+        *(
+            [row(f"raw@{cfg['same_prefetch']}", result["raw_same_prefetch"])]
+            if cfg["same_prefetch"] != cfg["prefetch"]
+            else []
+        ),
         row("coldbrew", cold),
         "(medians; consumer = the raw loop or worker process; pg, rmq = all postgres and",
         " beam.smp processes; busy, steal = whole machine, from /proc/stat, during the drain)",
         "",
-        f"ratio coldbrew/raw (median of pairs): {ratio['median']:.2f}  "
+        f"ratio coldbrew/raw@{cfg['prefetch']} (median of pairs): {ratio['median']:.2f}  "
         f"[pairs: {pairs}]  target >= {ratio['target']}: {ratio_ok}",
+        f"ratio coldbrew/raw@{cfg['same_prefetch']} (coldbrew's prefetch cap): "
+        f"{same['median']:.2f}  [pairs: {', '.join(f'{r:.2f}' for r in same['per_pair'])}]",
         f"idle worker VmRSS: {rss_mib:.1f} MiB (peak {idle['peak_rss_kib'] / 1024:.1f} MiB, "
         f"{idle['idle_cpu_percent']:.1f}% CPU idle, {len(idle['child_processes'])} child "
         f"processes)  target < {idle['target_mib']} MB: {rss_ok}",
@@ -683,7 +710,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--coldbrew-prefetch",
         type=int,
         default=0,
-        help="COLDBREW_PREFETCH of the worker, and the raw loop's prefetch (0: coldbrew's default)",
+        help="COLDBREW_PREFETCH of the worker, its prefetch cap (0: coldbrew's default, 1000)",
+    )
+    parser.add_argument(
+        "--raw-prefetch",
+        type=int,
+        default=RAW_PREFETCH,
+        help=f"the raw loop's prefetch (the ratio's reference; {RAW_PREFETCH})",
     )
     parser.add_argument(
         "--queue-type",
@@ -720,9 +753,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     claim_commit = {"claim_commit": args.claim_commit} if args.claim_commit else {}
-    prefetch = Settings.model_construct(
+    same_prefetch = Settings.model_construct(
         concurrency=args.concurrency, prefetch=args.coldbrew_prefetch, **claim_commit
-    ).effective_prefetch
+    ).hold_cap
     if args.raw_consumer:
         import uvloop
 
@@ -734,7 +767,8 @@ def main(argv: list[str] | None = None) -> int:
             jobs=args.jobs,
             repeat=args.repeat,
             concurrency=args.concurrency,
-            prefetch=prefetch,
+            prefetch=args.raw_prefetch,
+            same_prefetch=same_prefetch,
             idle_seconds=args.idle_seconds,
             amqp_url=args.amqp_url,
             database_url=args.database_url,

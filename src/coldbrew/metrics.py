@@ -308,6 +308,17 @@ class Metrics:
             "Waiting deliveries handed back to RabbitMQ before its consumer_timeout.",
             registry=reg,
         )
+        self.consumer_pauses = Counter(
+            "coldbrew_consumer_pauses_total",
+            "Times the tenant queues' consumers were cancelled because every slot was busy and "
+            "the worker held what it will start within COLDBREW_HOLD_SECONDS.",
+            registry=reg,
+        )
+        self.consumer_prefetch = Gauge(
+            "coldbrew_consumer_prefetch",
+            "Deliveries each tenant queue's consumer may hold unacked now (0: paused).",
+            registry=reg,
+        )
         self.aging_sweeps = Counter(
             "coldbrew_aging_sweeps_total",
             "Looks past a queue's head for jobs held back behind higher priorities, by result "

@@ -39,6 +39,8 @@ _SECRET_PARAMS = frozenset({"password", "sslpassword"})
 # fields whose value must never be echoed in an error message
 _SECRET_FIELDS = frozenset({"api_keys", "webhook_secret"})
 MIN_SECRET_LENGTH = 16
+DEFAULT_HOLD_CAP = 1000
+"""The consumers' prefetch cap when ``COLDBREW_PREFETCH`` is 0 (a no-op drain's hold)."""
 
 
 def parse_api_keys(text: str) -> dict[str, str]:
@@ -228,6 +230,7 @@ class Settings(BaseSettings):
     process_max_memory_mb: Annotated[int, Field(ge=0, le=16 * 1024 * 1024)] = 0
     process_max_jobs: Annotated[int, Field(ge=0, le=1_000_000_000)] = 0
     prefetch: Annotated[int, Field(ge=0, le=65_535)] = 0
+    hold_seconds: Annotated[float, Field(ge=0, le=60)] = 0.25
     consume_channels: Annotated[int, Field(ge=1, le=1024)] = 64
     queues: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # --- quorum queues (topology.py): the layout of every queue this namespace declares ---
@@ -449,21 +452,24 @@ class Settings(BaseSettings):
 
     @property
     def effective_prefetch(self) -> int:
-        """Unacked deliveries per tenant queue (acked once the claim is durable).
+        """The most messages an aging sweep keeps per queue (aging_sweep.py), and what the
+        reconciler allows for them (``keep``).
 
-        Small, so that many tenants' backlogs cost little memory and the
-        scheduler still sees every tenant's head; the default (``0``) is
-        ``min(concurrency, 32)`` waiting deliveries, enough to keep one busy
-        tenant's claims batched, doubled with asynchronous claims: there a
-        claimed job's delivery stays unacked until a later commit makes its
-        claim durable (about one completion batch), and with 32 a single busy
-        tenant's pipeline stalled on the prefetch (bench/throughput.py:
-        ~0.51x the raw loop, against ~0.6x at 64 or with synchronous claims).
+        It was the consumers' fixed prefetch until the hold followed the start
+        rate (``hold_cap``, holdsize.py); ``COLDBREW_PREFETCH``, when set, is
+        both. The default (``0``) is ``min(concurrency, 32)``, doubled with
+        asynchronous claims, the old default prefetch.
         """
         if self.prefetch:
             return self.prefetch
         waiting = min(self.concurrency, 32)
         return 2 * waiting if self.claim_commit == "async" else waiting
+
+    @property
+    def hold_cap(self) -> int:
+        """The most deliveries one tenant queue's consumer holds unacked (``COLDBREW_PREFETCH``,
+        or ``DEFAULT_HOLD_CAP``); below it the hold follows the start rate (holdsize.py)."""
+        return self.prefetch or DEFAULT_HOLD_CAP
 
     @property
     def cron_schedules(self) -> list[CronSpec]:

@@ -27,6 +27,7 @@ def waiting(
     previous_deficit: int | None = None,
     top_priority: int = 0,
     fleet_prefetch: int | None = None,
+    fleet_prefetch_sum: int | None = None,
     suspects_age: float | None = 25.0,
     sweeping: int = 0,
 ) -> WaitingCount:
@@ -45,6 +46,7 @@ def waiting(
         previous_suspects=None if suspects_age is None else NOW - timedelta(seconds=suspects_age),
         sweeping=sweeping,
         fleet_prefetch=fleet_prefetch,
+        fleet_prefetch_sum=fleet_prefetch_sum,
     )
 
 
@@ -52,7 +54,7 @@ def test_a_backlog_within_what_consumers_hold_is_never_short() -> None:
     """20,000 rows, 19,984 ready, two consumers holding 8 each: no deficit at any look."""
     counts = QueueCounts(ready=19_984, consumers=2)
     first = judge(counts, waiting(20_000, look_age=None), started=NOW, bounds=BOUNDS)
-    assert first.deficit == 0 and first.republish == 0
+    assert first.deficit is not None and first.deficit <= 0 and first.republish == 0
     second = judge(
         counts,
         waiting(20_000, previous_ready=19_990, previous_deficit=first.deficit),
@@ -65,14 +67,14 @@ def test_a_backlog_within_what_consumers_hold_is_never_short() -> None:
 def test_the_count_rule_needs_the_deficit_at_two_looks_and_takes_the_smaller() -> None:
     counts = QueueCounts(ready=500, consumers=2)
     once = judge(counts, waiting(1_000, previous_ready=900), started=NOW, bounds=BOUNDS)
-    assert once.deficit == 1_000 - 500 - 16
+    assert once.deficit == 1_000 - 500 - 16 - 8  # two consumers, and one paused worker's
     assert once.republish == 0, "one look is not enough: a draining worker's deliveries"
     twice = judge(
         counts, waiting(1_000, previous_ready=900, previous_deficit=300), started=NOW, bounds=BOUNDS
     )
     assert (twice.republish, twice.rule) == (300, "count")
     assert twice.confirmed_by == NOW - timedelta(seconds=25), "only the previous look's suspects"
-    assert twice.suspects == 484, "this look's own suspects, for the next one"
+    assert twice.suspects == 476, "this look's own suspects, for the next one"
 
 
 def test_nothing_is_republished_that_the_previous_look_did_not_suspect() -> None:
@@ -91,7 +93,7 @@ def test_the_idle_rule_finds_a_loss_smaller_than_the_prefetch_bound() -> None:
     held, are lost, however small the loss."""
     counts = QueueCounts(ready=0, consumers=2)
     verdict = judge(counts, waiting(5, before=5, held=2), started=NOW, bounds=BOUNDS)
-    assert verdict.deficit == 5 - 16
+    assert verdict.deficit == 5 - 16 - 8 - 2
     assert (verdict.republish, verdict.rule) == (3, "idle")
 
 
@@ -99,6 +101,26 @@ def test_held_deliveries_of_saturated_workers_are_not_lost() -> None:
     counts = QueueCounts(ready=0, consumers=3)
     verdict = judge(counts, waiting(24, before=24, held=24), started=NOW, bounds=BOUNDS)
     assert verdict.republish == 0
+
+
+def test_paused_consumers_deliveries_are_not_lost() -> None:
+    """Two saturated workers cancelled their consumers (the broker counts none) and hold 30
+    deliveries unclaimed between them, and up to their prefetch more that were in flight at
+    the cancel: the count rule finds no deficit; a loss beyond all that is still found."""
+    paused = QueueCounts(ready=500, consumers=0)
+    held = waiting(
+        550,
+        held=30,
+        fleet_prefetch=10,
+        fleet_prefetch_sum=20,
+        previous_ready=500,
+        previous_deficit=20,
+    )
+    verdict = judge(paused, held, started=NOW, bounds=BOUNDS)
+    assert verdict.deficit == 550 - 500 - 30 - 20 and verdict.republish == 0
+    lost = QueueCounts(ready=300, consumers=0)  # 200 messages gone from the queue
+    verdict = judge(lost, held, started=NOW, bounds=BOUNDS)
+    assert verdict.deficit == 200 and (verdict.republish, verdict.rule) == (20, "count")
 
 
 def test_the_idle_rule_needs_an_empty_queue_at_both_looks() -> None:

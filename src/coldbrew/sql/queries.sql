@@ -569,7 +569,7 @@ UNION
 (SELECT DISTINCT ON (queue) queue, tenant FROM tenant_queues ORDER BY queue, tenant);
 
 -- name: reconcile_counts
--- Per (lane, tenant), read after the broker's counts: the waiting rows whose message was confirmed by $1 (this look's start) and by the previous look, their highest priority, the deliveries workers reported holding unclaimed since the previous look counted the queue (without one: in the last $2 seconds), the messages aging sweeps begun since $3 seconds before that look (or this one) may hold, that look, and the largest prefetch and keep any worker reported in the last $2 seconds ($1 this look's start, $2 seconds, $3 seconds)
+-- Per (lane, tenant), read after the broker's counts: the waiting rows whose message was confirmed by $1 (this look's start) and by the previous look, their highest priority, the deliveries workers reported holding unclaimed since the previous look counted the queue (without one: in the last $2 seconds), the messages aging sweeps begun since $3 seconds before that look (or this one) may hold, that look, the largest prefetch and keep any worker reported in the last $2 seconds, and the sum of those prefetches ($1 this look's start, $2 seconds, $3 seconds)
 WITH waiting AS (
     SELECT j.queue, j.tenant,
            count(*) FILTER (WHERE j.published_at <= $1::timestamptz) AS waiting,
@@ -596,6 +596,8 @@ SELECT w.queue, w.tenant, w.waiting, w.waiting_before, w.top_priority,
                 0)::int8 AS sweeping,
        (SELECT max(r.prefetch) FROM reconcile_workers AS r
         WHERE r.reported_at >= now() - make_interval(secs => $2)) AS fleet_prefetch,
+       (SELECT sum(r.prefetch) FROM reconcile_workers AS r
+        WHERE r.reported_at >= now() - make_interval(secs => $2))::int8 AS fleet_prefetch_sum,
        (SELECT max(r.keep) FROM reconcile_workers AS r
         WHERE r.reported_at >= now() - make_interval(secs => $2)) AS fleet_keep
 FROM waiting AS w

@@ -94,7 +94,9 @@ class WaitingCount:
     ``top_priority``: their highest priority; ``held``: unclaimed deliveries
     workers reported holding since that look; ``sweeping``: what aging sweeps
     begun about then may hold; ``fleet_prefetch`` and ``fleet_keep``: the
-    largest any live worker reported (None: none did).
+    largest any live worker reported (None: none did); ``fleet_prefetch_sum``:
+    their prefetches added up (what paused consumers, which the broker does
+    not count, may have received before their pause).
     """
 
     queue: str
@@ -110,6 +112,7 @@ class WaitingCount:
     sweeping: int = 0
     fleet_prefetch: int | None = None
     fleet_keep: int | None = None
+    fleet_prefetch_sum: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

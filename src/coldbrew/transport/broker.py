@@ -169,10 +169,16 @@ class Broker:
     # --- consuming (consume.py, sweep.py) -----------------------------------------------
 
     async def consume(
-        self, queue_name: str, arguments: Mapping[str, Any], on_delivery: OnDelivery
+        self,
+        queue_name: str,
+        arguments: Mapping[str, Any],
+        on_delivery: OnDelivery,
+        *,
+        held: bool = False,
     ) -> None:
-        """Start consuming ``queue_name``: each delivery reaches ``on_delivery`` (``Inbound``)."""
-        await self.consumers.consume(queue_name, arguments, on_delivery)
+        """Start consuming ``queue_name``: each delivery reaches ``on_delivery`` (``Inbound``);
+        a ``held`` queue's consumer follows ``consumers.pause``/``resume`` (the worker's hold)."""
+        await self.consumers.consume(queue_name, arguments, on_delivery, held=held)
 
     @property
     def consuming(self) -> int:

@@ -266,8 +266,10 @@ class QueueCancels:
         self.arrived = asyncio.Event()
         """Set while names wait to be taken."""
 
-    def add(self, queue_name: str) -> None:
-        log.warning("consumer_cancelled_by_broker", queue=queue_name)
+    def add(self, queue_name: str, *, cause: str = "broker_cancel") -> None:
+        """``cause``: the broker's basic.cancel, or a paused consumer's probe found the queue
+        missing (consume.py: a paused queue has no consumer for the broker to cancel)."""
+        log.warning("consumer_cancelled_by_broker", queue=queue_name, cause=cause)
         self._names.append(queue_name)
         self.arrived.set()
 

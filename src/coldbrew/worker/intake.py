@@ -44,6 +44,7 @@ from coldbrew.settings import Settings
 from coldbrew.store import JobStore, JobTypeSettings, LaneSettings, TenantSettings
 from coldbrew.transport import Inbound
 from coldbrew.worker.aging_sweep import SweepReturns
+from coldbrew.worker.consumer_hold import ConsumerHold
 from coldbrew.worker.dead_letters import DeadLetters
 from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.runner import JobRunner
@@ -67,6 +68,7 @@ class Intake:
         starvation: StarvationWatch,
         sweep_returns: SweepReturns,
         cap_listening: Callable[[], bool],
+        hold: ConsumerHold,
     ) -> None:
         self.app = app
         self.settings = settings
@@ -77,6 +79,7 @@ class Intake:
         self.dead_letters = dead_letters
         self.starvation = starvation
         self.sweep_returns = sweep_returns
+        self.hold = hold
         # COLDBREW_AGING_SECONDS bounds a priority-0 job's wait: it climbs one
         # of the scheduler's ten classes per tenth of it, then is overdue.
         self.scheduler: FairScheduler[Delivery] = FairScheduler(
@@ -174,6 +177,7 @@ class Intake:
         else:
             self.scheduler.push(pending)
             self.dispatch()
+            self.hold.note(self.running, len(self.scheduler))
 
     def _starts_at_once(self, pending: Pending[Delivery]) -> bool:
         """Whether ``pending`` may skip the scheduler: a slot is free and nothing else waits.
@@ -290,6 +294,7 @@ class Intake:
         self, pending: Pending[Delivery], scopes: tuple[Scope, ...], buckets: tuple[Bucket, ...]
     ) -> None:
         self.running += 1
+        self.hold.note(self.running, len(self.scheduler))
         task = asyncio.create_task(self._run_one(pending, scopes, buckets))
         self.tasks.add(task)
         task.add_done_callback(self._job_done)
@@ -347,11 +352,13 @@ class Intake:
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self.running -= 1
+        self.hold.finished += 1
         self.tasks.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("job_task_crashed", error=repr(exc), exc_info=exc)
             self.lifecycle.die(exc)
         self.dispatch()
+        self.hold.note(self.running, len(self.scheduler))
 
     def held_by_queue(self) -> dict[tuple[str, str], int]:
         """Deliveries held here unclaimed, per (lane, tenant): in the scheduler or the cap

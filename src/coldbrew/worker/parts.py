@@ -26,6 +26,7 @@ from coldbrew.store import JobStore
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker
 from coldbrew.worker.aging_sweep import SweepReturns
+from coldbrew.worker.consumer_hold import ConsumerHold
 from coldbrew.worker.dead_letters import DeadLetters
 from coldbrew.worker.intake import Intake
 from coldbrew.worker.lifecycle import Lifecycle
@@ -55,6 +56,7 @@ class Parts:
     relay: Relay
     reaper: Reaper
     liveness: Liveness
+    hold: ConsumerHold
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,21 +99,29 @@ class LaneConsumers:
     async def consume(self, queue: str, tenant: str) -> None:
         """Consume one (lane, tenant) queue if it is one of our lanes (idempotent)."""
         key = (queue, tenant)
-        if queue not in self.shared.lanes or key in self._consumed:
+        if queue not in self.shared.lanes or self.shared.lifecycle.draining:
             return
-        if self.shared.lifecycle.draining:
+        if key in self._consumed:
+            # idempotent; it starts again a consumer that a probe stopped because its queue
+            # was deleted while paused, once the queue is declared again (consume.py)
+            await self._consume_queues(queue, tenant)
             return
         self._consumed.add(key)
-        topology = self.shared.topology
-        try:  # quorum: every priority band's queue, consumed together (topology.py)
-            for name in topology.job_queues(queue, tenant):
-                await self.broker.consume(
-                    name, topology.job_queue_arguments(), self.intake.on_message
-                )
+        try:
+            await self._consume_queues(queue, tenant)
         except BaseException:
             self._consumed.discard(key)
             raise
         log.info("consuming", queue=queue, tenant=tenant)
+
+    async def _consume_queues(self, queue: str, tenant: str) -> None:
+        """Consume the (lane, tenant)'s queues (quorum: every priority band's, consumed
+        together: topology.py), their deliveries held by the hold (consume.py)."""
+        topology = self.shared.topology
+        for name in topology.job_queues(queue, tenant):
+            await self.broker.consume(
+                name, topology.job_queue_arguments(), self.intake.on_message, held=True
+            )
 
 
 async def open_parts(stack: AsyncExitStack, shared: Shared) -> Parts:
@@ -135,13 +145,16 @@ async def open_parts(stack: AsyncExitStack, shared: Shared) -> Parts:
         consume_channels=settings.consume_channels,
         spread_key=settings.worker_id,  # where in COLDBREW_AMQP_URL's list it starts
     )
-    await broker.connect(prefetch=settings.effective_prefetch)
+    hold = ConsumerHold(
+        settings=settings, broker=broker, lifecycle=shared.lifecycle, metrics=shared.metrics
+    )
+    await broker.connect(prefetch=hold.initial_prefetch)
     stack.push_async_callback(broker.close)
     pool = await _open_pool(stack, shared)
     dead_letters = DeadLetters(store, broker, shared.metrics)
     runner = _runner(shared, store, broker, pool, dead_letters)
     stack.push_async_callback(runner.close)  # before the broker closes
-    return await _build(stack, shared, store, broker, runner, dead_letters)
+    return await _build(stack, shared, store, broker, runner, dead_letters, hold)
 
 
 async def _open_pool(stack: AsyncExitStack, shared: Shared) -> ProcessPool | None:
@@ -205,6 +218,7 @@ async def _build(
     broker: Broker,
     runner: JobRunner,
     dead_letters: DeadLetters,
+    hold: ConsumerHold,
 ) -> Parts:
     settings, metrics = shared.settings, shared.metrics
     metrics.watch_group_commits(store.group_commits)
@@ -226,6 +240,7 @@ async def _build(
         starvation=shared.starvation,
         sweep_returns=SweepReturns(),
         cap_listening=lambda: tenants is not None and tenants.cap_listening,
+        hold=hold,
     )
     consumers = LaneConsumers(shared, broker, intake)
     tenants = TenantQueues(
@@ -273,6 +288,7 @@ async def _build(
         relay,
         reaper,
         liveness,
+        hold,
     )
 
 

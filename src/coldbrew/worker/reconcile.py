@@ -21,7 +21,11 @@ by then that message was ready (in ``M``), delivered and unacked, or lost
 (acked messages belong to rows that were claimed or failed, and a row that
 waits again after that has a new publish mark or a later ``published_at``).
 Unacked deliveries are at most ``C`` x the largest prefetch any worker reported
-(RabbitMQ enforces the prefetch per consumer), plus, for a queue whose rows
+(RabbitMQ enforces the prefetch per consumer; a worker raises its prefetch only
+once a report says so), plus the prefetch of every reporting worker and the
+deliveries workers reported holding unclaimed (a saturated worker cancels its
+consumers, which the broker then no longer counts, and keeps what they
+delivered: ``unacked_bound``), plus, for a queue whose rows
 have a priority above 0 (the only ones an aging sweep ever takes from), what
 a sweep kept, plus what the aging sweeps begun around the look may take
 (each records that in ``queue_sweeps`` before it takes anything). So
@@ -58,7 +62,10 @@ next bound, so picks never snowball.
 the queue and re-consumes, and this service declares and binds it again at once
 (a queue aio-pika re-declares has no binding: new messages would detour through
 ``<ns>.unrouted``) and looks right away; a look that finds a queue missing
-does the same. What the deleted queue held is then found by the rules above.
+does the same. A worker whose consumers are paused (worker/consumer_hold.py) gets
+no basic.cancel; its probe of the paused queues reports a missing one through
+the same ``QueueCancels``. What the deleted queue held is then found by the
+rules above.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ from datetime import datetime, timedelta
 
 import structlog
 
+from coldbrew.holdsize import PrefetchPermit
 from coldbrew.metrics import Metrics
 from coldbrew.stats import lane_consumers
 from coldbrew.store import JobStore, LookRecord, QueueLook, ReconcilePass, WaitingCount
@@ -90,6 +98,8 @@ BATCH = 10_000
 COUNT_MARGIN = 0.25
 """Seconds added to a queue's count instant, for the clock's reading and a report's
 computation just before its statement."""
+ASKED_REPORT_GAP = 0.1
+"""Seconds between reports made early because the hold asked for a larger prefetch."""
 SWEEP_SECONDS = 10.0
 """Longer than any aging sweep holds what it took (``Broker.sweep_queue``: 2 s, then requeues)."""
 
@@ -99,7 +109,7 @@ class Bounds:
     """What a look needs to judge: when the previous look counts, and the unacked bound."""
 
     prefetch: int
-    """Unacked deliveries one consumer of this worker can hold (its prefetch)."""
+    """Unacked deliveries one consumer of this worker can hold (its prefetch, as reported)."""
     keep: int
     """...and how many more an aging sweep of that queue may have kept (0: sweeps are off)."""
     min_gap: float
@@ -134,7 +144,7 @@ def judge(
         return Verdict(None)
     if waiting is None:
         return Verdict(-counts.ready)
-    unacked = counts.consumers * per_consumer(waiting, bounds) + waiting.sweeping
+    unacked = unacked_bound(counts, waiting, bounds)
     deficit = waiting.waiting - counts.ready - unacked
     unheld = waiting.waiting - waiting.held - waiting.sweeping if counts.ready == 0 else 0
     suspects = min(max(deficit, unheld, 0), bounds.limit)
@@ -153,6 +163,26 @@ def judge(
         count = min(deficit, previous, bounds.limit)
         return Verdict(deficit, count, "count", suspects, confirmed_by)
     return Verdict(deficit, suspects=suspects)
+
+
+def unacked_bound(counts: QueueCounts, waiting: WaitingCount, bounds: Bounds) -> int:
+    """The most deliveries of the queue that can be unacked in workers' hands at the count.
+
+    Three parts. The broker's consumers, each holding at most the largest
+    prefetch the fleet reported (a worker's prefetch rises only after a
+    report says so: ``PrefetchPermit``). Consumers the broker does not
+    count: a saturated worker cancels its consumers (worker/consumer_hold.py)
+    and keeps what they delivered, up to its prefetch each, those in flight
+    at the cancel included; every reporting worker's prefetch is added for
+    them, whether paused at the count or not (it may have paused since its
+    report). And what the workers reported holding unclaimed (a consumer
+    that paused and resumed holds its old deliveries beyond the new
+    prefetch), plus what aging sweeps took. Counting a running worker twice
+    only makes the bound looser: a loss below it waits for the idle rule.
+    """
+    live = counts.consumers * per_consumer(waiting, bounds)
+    paused = max(waiting.fleet_prefetch_sum or 0, bounds.prefetch)
+    return live + paused + waiting.held + waiting.sweeping
 
 
 def per_consumer(waiting: WaitingCount, bounds: Bounds) -> int:
@@ -200,6 +230,7 @@ class Reconciler:
         holdings: Holdings,
         ensure: Ensure,
         cancels: QueueCancels,
+        permit: PrefetchPermit | None = None,
     ) -> None:
         self.store = store
         self.broker = broker
@@ -212,6 +243,8 @@ class Reconciler:
             prefetch=prefetch, keep=keep, min_gap=self.interval / 2, max_age=self.interval * 3
         )
         self.holdings = holdings
+        self.permit = permit
+        """The consumers' prefetch, reported here (None: ``prefetch`` is fixed)."""
         self.ensure = ensure
         self.cancels = cancels
         self._cancelled: set[Pair] = set()
@@ -239,9 +272,13 @@ class Reconciler:
     async def run(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         next_pass = next_report = loop.time()
+        last_report = next_pass - ASKED_REPORT_GAP
         backoff = Backoff(first=1.0, cap=30.0)
         while not stop.is_set():
-            await self._sleep(stop, max(0.0, min(next_pass, next_report) - loop.time()))
+            wake_at = min(next_pass, next_report)
+            if self._asked():  # the hold waits for a report to raise its prefetch
+                wake_at = min(wake_at, last_report + ASKED_REPORT_GAP)
+            await self._sleep(stop, max(0.0, wake_at - loop.time()))
             if stop.is_set():
                 break
             woken = self._wake.is_set()
@@ -249,7 +286,10 @@ class Reconciler:
             try:
                 await self._redeclare_cancelled()
                 now = loop.time()
+                if self._asked() and now >= last_report + ASKED_REPORT_GAP:
+                    next_report = now
                 if now >= next_report:
+                    last_report = now
                     next_report = now + self.report_interval
                     await self.report_holdings()
                 if woken or now >= next_pass:
@@ -270,6 +310,8 @@ class Reconciler:
             asyncio.ensure_future(self._wake.wait()),
             asyncio.ensure_future(self.cancels.arrived.wait()),
         ]
+        if self.permit is not None and not self.permit.asked.is_set():  # set: the gap's timeout
+            waits.append(asyncio.ensure_future(self.permit.asked.wait()))
         try:
             await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -294,15 +336,26 @@ class Reconciler:
         self.metrics.queues_redeclared.labels(cause).inc()
         log.warning("tenant_queue_redeclared", queue=pair[0], tenant=pair[1], cause=cause)
 
+    def _asked(self) -> bool:
+        return self.permit is not None and self.permit.pending
+
     async def report_holdings(self, holds: dict[Pair, int] | None = None) -> None:
         """Tell the fleet how many deliveries this worker holds unclaimed per queue, and
-        what its consumers can hold (every report, so a look knows the fleet's bound)."""
+        what its consumers can hold (every report, so a look knows the fleet's bound);
+        the hold may use a larger prefetch only once this is committed."""
+        prefetch = self.bounds.prefetch
+        if self.permit is not None:
+            self.permit.asked.clear()
+            prefetch = self.permit.claim()
+            self.bounds = dataclasses.replace(self.bounds, prefetch=prefetch)
         await self.store.reconcile.report_holds(
             self.worker_id,
             self.holdings() if holds is None else holds,
-            prefetch=self.bounds.prefetch,
+            prefetch=prefetch,
             keep=self.bounds.keep,
         )
+        if self.permit is not None:
+            self.permit.confirmed(prefetch)
 
     async def sweep_starting(self, queue: str, tenant: str, taking: int) -> None:
         """An aging sweep here is about to take up to ``taking`` ready messages of the queue

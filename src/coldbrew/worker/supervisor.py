@@ -162,11 +162,12 @@ class Worker:
             metrics=metrics,
             worker_id=settings.worker_id,
             reconcile_seconds=settings.reconcile_seconds,
-            prefetch=settings.effective_prefetch,
+            prefetch=parts.hold.permit.granted,  # then what the hold is permitted (reported)
             keep=settings.effective_prefetch if sweep_limit else 0,
             holdings=parts.intake.held_by_queue,
             ensure=parts.tenants.ensure,
             cancels=broker.queue_cancels,
+            permit=parts.hold.permit,
         )
         sweeper = QueueSweeper(
             watch=self.starvation,
@@ -198,6 +199,7 @@ class Worker:
             parts.relay,
             parts.reaper,
             parts.liveness,
+            parts.hold,
             sweeper,
             Heartbeat(
                 settings=settings,
