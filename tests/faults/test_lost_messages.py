@@ -247,6 +247,11 @@ async def test_a_purged_queue_is_published_again(
     assert sum(republished.values()) == 200, "each lost job was republished exactly once"
 
 
+def started(proc: Proc) -> float:
+    """Jobs one worker has started (the ``nap`` jobs of the default lane)."""
+    return sample(scrape(proc.port), "coldbrew_jobs_started_total", queue="default", type="nap")
+
+
 async def test_b_a_queue_deleted_under_running_workers(
     settings: Settings,
     workers: Workers,
@@ -275,8 +280,12 @@ async def test_b_a_queue_deleted_under_running_workers(
     await submit(50, 8, 0)
     ready, consumers = await ready_count(channel, queue)
     running = (await statuses(db, ids)).get("running", 0)
-    assert ready > 50 and consumers == 2, (ready, consumers)
+    # a saturated worker's consumer is paused by the hold (consumer_hold.py), so the broker
+    # counts one or two consumers at any instant; that both workers notice the deletion is
+    # asserted below by their re-declarations
+    assert ready > 50 and consumers >= 1, (ready, consumers)
 
+    started_before = [started(proc) for proc in procs]
     deleted = time.monotonic()
     await channel.queue_delete(queue)
     producer = asyncio.create_task(submit(40, 8, 0.5))
@@ -284,7 +293,7 @@ async def test_b_a_queue_deleted_under_running_workers(
     while time.monotonic() - deleted < 15:
         check = await amqp_connection.channel()  # a 404 closes the channel it came on
         try:
-            if (await ready_count(check, queue))[1] == 2:
+            if (await ready_count(check, queue))[1] >= 1:
                 back = time.monotonic() - deleted
                 break
         except aio_pika.exceptions.ChannelNotFoundEntity:
@@ -293,10 +302,10 @@ async def test_b_a_queue_deleted_under_running_workers(
             if not check.is_closed:
                 await check.close()
         await asyncio.sleep(0.05)
-    assert back is not None, "the deleted queue came back with both consumers"
-    # bound again at once: a publish routes into it, not through <ns>.unrouted
-    await asyncio.sleep(0.5)
-    assert workers.metric("coldbrew_queues_redeclared_total", cause="cancelled") >= 2
+    assert back is not None, "the deleted queue came back, consumed"
+    # noticed and declared again at once (by the broker's cancel of a consuming worker, or a
+    # paused one's probe); a worker paused meanwhile may find it declared by the other already
+    assert workers.metric("coldbrew_queues_redeclared_total", cause="cancelled") >= 1
 
     await producer
     took = await wait_terminal(db, ids, timeout=reconcile + 40)
@@ -308,11 +317,14 @@ async def test_b_a_queue_deleted_under_running_workers(
     duplicates = workers.metric("coldbrew_duplicate_deliveries_total", queue="default")
     print(
         f"\ndelete: {ready} ready lost, {running} running, {len(ids)} jobs in all; queue back "
-        f"with both consumers {back:.2f} s after the delete; all terminal {took:.1f} s after "
+        f"consumed again {back:.2f} s after the delete; all terminal {took:.1f} s after "
         f"it; republished "
         f"{republished}; duplicate deliveries {duplicates:g}; statuses {counts}"
     )
     assert counts == {"succeeded": len(ids)}
+    assert all(
+        started(proc) > before for proc, before in zip(procs, started_before, strict=True)
+    ), "both workers consumed the queue declared again"
     assert sum(republished.values()) >= ready * 0.9, "what the deleted queue held ran again"
     assert duplicates <= 2 * fleet_settings.effective_prefetch, "wrong picks stay bounded"
 
