@@ -288,9 +288,11 @@ async def test_graceful_stop_releases_running_jobs(
 ) -> None:
     """On stop, a job that outlives the grace time is released and finishes on another worker."""
     first = await start_worker(shutdown_grace_seconds=0.5)
-    job = await client.submit("sleep_for", {"seconds": 3})
+    # long enough to outlive the second worker's start-up on a loaded machine (3 s did not)
+    job = await client.submit("sleep_for", {"seconds": 10})
     await wait_until(lambda: status_is(client, job.id, "running"))
     second = await start_worker()
+    assert (await client.status(job.id))["status"] == "running", "still on the first worker"
     first.stop()
     await wait_until(lambda: holds(not first.ready.is_set() and len(first.inflight) == 0))
     done = await client.wait(job.id, timeout=30)
