@@ -33,6 +33,13 @@ def pooled(ctx: Context, n: int) -> int:
     return n * n
 
 
+@app.job(queue="slow")
+def pooled_traced(ctx: Context) -> dict[str, object]:
+    """A process-pool job: the trace_id its log lines carry in the child."""
+    ctx.log.debug("pooled_traced_job_ran")
+    return {"trace_id": _trace_id()}
+
+
 @app.job()
 async def spawns(ctx: Context) -> str:
     """Spawns one child: its row carries this run span as its parent."""

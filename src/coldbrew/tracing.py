@@ -45,6 +45,7 @@ __all__ = [
     "remote_parent",
     "span",
     "stamp",
+    "trace_id_of",
     "traceparent_of",
     "tracer",
     "use_provider",

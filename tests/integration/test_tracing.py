@@ -147,6 +147,18 @@ async def test_a_pool_job_gets_the_worker_spans(
     assert_worker_spans(found, one(found, "coldbrew submit"))
 
 
+async def test_a_pool_jobs_log_lines_carry_its_trace_id(
+    start_worker: WorkerFactory, client: Client, spans: InMemorySpanExporter
+) -> None:
+    """The child process binds the job's trace_id into its log context (one string sent
+    with the job; none when the job has no trace context)."""
+    await start_worker(processes=1)
+    job = await client.submit("pooled_traced")
+    done = await client.wait(job.id, timeout=30)
+    submit = one(of_job(spans, job.id), "coldbrew submit")
+    assert done.result == {"trace_id": f"{submit.context.trace_id:032x}"}
+
+
 async def test_post_jobs_joins_the_callers_trace(
     worker: Any, client: Client, spans: InMemorySpanExporter
 ) -> None:
