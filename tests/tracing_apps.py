@@ -40,6 +40,12 @@ def pooled_traced(ctx: Context) -> dict[str, object]:
     return {"trace_id": _trace_id()}
 
 
+@app.job(queue="slow")
+def pooled_spawns(ctx: Context) -> str:
+    """A process-pool job that spawns a child (relayed to the worker)."""
+    return ctx.submit("traced", name="child")
+
+
 @app.job()
 async def spawns(ctx: Context) -> str:
     """Spawns one child: its row carries this run span as its parent."""

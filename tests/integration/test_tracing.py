@@ -320,14 +320,17 @@ async def test_submissions_outside_insert_job_keep_the_trace_in_the_row(
 async def test_children_and_added_members_join_the_run_span(
     worker: Any, client: Client, settings: Settings, spans: InMemorySpanExporter
 ) -> None:
-    """``ctx.submit``'s child and ``ctx.batch.add``'s member: their rows name the run span
-    of the job that made them, and their own spans are in its trace."""
+    """``ctx.submit``'s child (of a coroutine job and of a process-pool job) and
+    ``ctx.batch.add``'s member: their rows name the run span of the job that made them,
+    and their own spans are in its trace."""
     parent = await client.submit("spawns")
     child_id = (await client.wait(parent.id, timeout=20)).result
+    pooled = await client.submit("pooled_spawns")  # relayed from a process-pool child
+    pooled_child_id = (await client.wait(pooled.id, timeout=30)).result
     batch = await client.batch([("adds", {})])
     adder = batch.member_ids[0]
     added_id = (await client.wait(adder, timeout=20)).result
-    for maker, made in ((parent.id, child_id), (adder, added_id)):
+    for maker, made in ((parent.id, child_id), (pooled.id, pooled_child_id), (adder, added_id)):
         assert (await client.wait(made, timeout=20)).status == "succeeded"
         run = one(await job_spans(spans, maker), "coldbrew run")
         assert names_span((await row_trace(settings.namespace, made))[0], run), made
