@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from coldbrew import storable
+from coldbrew import storable, tracing
 from coldbrew.batches import (
     BATCH_ID_RE,
     MAX_BATCH_MEMBERS,
@@ -182,22 +182,27 @@ async def create_batch(
         client, batch_id, tenant, description, len(jobs), callbacks, collect_results
     )
     store = client.store
-    created, marks = await store.batches.create(
-        batch_id,
-        tenant,
-        description,
-        requests,
-        stored,
-        collect_results=collect_results,
-        relay_grace=client.settings.relay_grace_seconds,
-    )
-    if not created:
-        existing = await store.batches.get(batch_id)
-        if existing.tenant != tenant:
-            raise InvalidRequest("invalid_batch", f"batch id {batch_id!r} is taken")
-        ids = await store.batches.member_ids(batch_id, existing.total)
-        return replace(existing, member_ids=tuple(ids))
-    await _publish(client, requests, dict(marks))
+    # the members join the caller's trace under one span of the submission (tracing.py)
+    with tracing.span(
+        "coldbrew batch", {"coldbrew.batch.id": batch_id, "coldbrew.job.tenant": tenant}
+    ):
+        tracing.stamp(requests)
+        created, marks = await store.batches.create(
+            batch_id,
+            tenant,
+            description,
+            requests,
+            stored,
+            collect_results=collect_results,
+            relay_grace=client.settings.relay_grace_seconds,
+        )
+        if not created:
+            existing = await store.batches.get(batch_id)
+            if existing.tenant != tenant:
+                raise InvalidRequest("invalid_batch", f"batch id {batch_id!r} is taken")
+            ids = await store.batches.member_ids(batch_id, existing.total)
+            return replace(existing, member_ids=tuple(ids))
+        await _publish(client, requests, dict(marks))
     record = await store.batches.get(batch_id)
     return replace(record, member_ids=tuple(r.id for r in requests))
 
@@ -294,6 +299,7 @@ class BatchHandle:
             max_attempts=max_attempts,
             timeout=timeout,
         )
+        tracing.stamp((request,))  # the member joins the adding member's run span's trace
         try:
             added = await self._store.batches.add_member(self._job_id, self._attempt, request)
         except InvalidRequest as exc:  # no batch, or a cancelled one: a retry cannot help

@@ -409,7 +409,7 @@ class Client:
             raise TypeError(f"ctx.submit got unknown options {unknown}; it takes {CHILD_OPTIONS}")
         in_app = self.app is not None and type in self.app.jobs
         registered = None if in_app else await self.registered_type(type)
-        return self._request(
+        request = self._request(
             type,
             dict(args),
             opts.get("tenant", "default"),
@@ -422,6 +422,8 @@ class Client:
             registered,
             known=False,
         )
+        tracing.stamp((request,))  # ctx.submit runs in the parent's run span: its child
+        return request
 
     async def submit_chain(self, chain: Chain) -> ChainRecord:
         """Submit a chain (``coldbrew.flow.chain``); return its record.

@@ -24,7 +24,7 @@ import functools
 import importlib.metadata
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
@@ -39,9 +39,13 @@ __all__ = [
     "active",
     "check_traceparent",
     "check_tracestate",
+    "current",
     "job_span",
     "log_trace_id",
     "remote_parent",
+    "span",
+    "stamp",
+    "trace_id_of",
     "traceparent_of",
     "tracer",
     "use_provider",
@@ -328,6 +332,42 @@ def remote_parent(
     if checked is None:
         return _NULL
     return _attached(_parent(checked, check_tracestate(tracestate)))
+
+
+def current() -> tuple[str | None, str | None]:
+    """The current span's ``traceparent`` and ``tracestate``, or (None, None) when tracing
+    is off or no span is current: what a job inserted from inside another's span (a
+    child, a member ``ctx.batch.add`` adds, a batch's members) carries in its row, so its
+    publish and its attempts join that trace."""
+    if tracer() is None:
+        return None, None
+    context = _otel.trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None, None
+    return traceparent_of(_otel.trace.get_current_span())
+
+
+def stamp(jobs: Iterable[JobFields]) -> None:
+    """Give each of ``jobs`` without a trace context the current one (``current``)."""
+    traceparent, tracestate = current()
+    if traceparent is None:
+        return
+    for job in jobs:
+        if job.traceparent is None:
+            job.traceparent, job.tracestate = traceparent, tracestate
+
+
+def span(
+    name: str, attributes: Mapping[str, Any], *, kind: str = "producer"
+) -> contextlib.AbstractContextManager[Span | None]:
+    """A span of no single job (a batch's submission, a cron tick), current inside the
+    ``with``, a child of the current context; None (nothing built) when tracing is off."""
+    active_tracer = tracer()
+    if active_tracer is None:
+        return _NULL
+    return active_tracer.start_as_current_span(
+        name, kind=_otel.kinds[kind], attributes=dict(attributes)
+    )
 
 
 def log_trace_id(job: JobFields) -> contextlib.AbstractContextManager[Any]:

@@ -155,3 +155,19 @@ async def test_open_waiters_gauge_follows_long_polls(
         "coldbrew_api_open_waiters", {"kind": "event_stream"}
     )
     assert streams == 0
+
+
+async def test_the_trace_context_headers_are_declared_and_never_refused(
+    http: httpx.AsyncClient,
+) -> None:
+    """``traceparent``/``tracestate`` on ``POST /jobs`` are in the contract (schemathesis
+    sends them), as strings without constraint: a malformed one is ignored, not a 4xx."""
+    spec = (await http.get("/openapi.json")).json()
+    declared = {
+        p["name"]: p for p in spec["paths"]["/jobs"]["post"]["parameters"] if p["in"] == "header"
+    }
+    for name in ("traceparent", "tracestate"):
+        assert declared[name]["schema"] == {"type": "string"}, name
+    garbled = {**AUTH, "traceparent": "00-not-a-trace-context-01", "tracestate": "\x7f"}
+    response = await http.post("/jobs", json={"type": "echo"}, headers=garbled)
+    assert response.status_code == 202, response.text

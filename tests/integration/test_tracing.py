@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import aio_pika
+import asyncpg
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -24,7 +25,16 @@ from coldbrew import tracing
 from coldbrew.app import load_app
 from coldbrew.client import Client
 from coldbrew.settings import Settings
-from tests.helpers import WorkerFactory, holds, metric, publish_raw, status_is, wait_until
+from tests.helpers import (
+    DATABASE_URL,
+    WorkerFactory,
+    holds,
+    metric,
+    publish_raw,
+    quote_ident,
+    status_is,
+    wait_until,
+)
 from tests.integration.test_api import ACME, api_client
 
 WORKER_SPANS = ("coldbrew claim", "coldbrew run", "coldbrew outcome")
@@ -137,6 +147,18 @@ async def test_a_pool_job_gets_the_worker_spans(
     assert_worker_spans(found, one(found, "coldbrew submit"))
 
 
+async def test_a_pool_jobs_log_lines_carry_its_trace_id(
+    start_worker: WorkerFactory, client: Client, spans: InMemorySpanExporter
+) -> None:
+    """The child process binds the job's trace_id into its log context (one string sent
+    with the job; none when the job has no trace context)."""
+    await start_worker(processes=1)
+    job = await client.submit("pooled_traced")
+    done = await client.wait(job.id, timeout=30)
+    submit = one(of_job(spans, job.id), "coldbrew submit")
+    assert done.result == {"trace_id": f"{submit.context.trace_id:032x}"}
+
+
 async def test_post_jobs_joins_the_callers_trace(
     worker: Any, client: Client, spans: InMemorySpanExporter
 ) -> None:
@@ -244,3 +266,114 @@ async def test_nothing_is_recorded_without_a_provider(
     job = await client.submit("traced")
     done = await client.wait(job.id, timeout=20)
     assert done.status == "succeeded" and done.result == {"trace_id": None}
+
+
+# --- the trace context in the row, whatever the path that inserts it ---------------------
+
+
+async def row_trace(namespace: str, job_id: str) -> tuple[str | None, str | None]:
+    """The job's ``traceparent`` and ``tracestate`` columns, as the relay reads them."""
+    conn = await asyncpg.connect(DATABASE_URL)
+    try:
+        row = await conn.fetchrow(
+            f"SELECT traceparent, tracestate FROM {quote_ident(namespace)}.jobs WHERE id = $1",
+            job_id,
+        )
+    finally:
+        await conn.close()
+    assert row is not None, job_id
+    return row["traceparent"], row["tracestate"]
+
+
+def names_span(traceparent: str | None, span: ReadableSpan) -> bool:
+    """Whether ``traceparent`` is ``span``'s context (its trace and span ids)."""
+    return traceparent is not None and traceparent[3:52] == (
+        f"{span.context.trace_id:032x}-{span.context.span_id:016x}"
+    )
+
+
+async def test_submissions_outside_insert_job_keep_the_trace_in_the_row(
+    client: Client, settings: Settings, spans: InMemorySpanExporter
+) -> None:
+    """In the caller's transaction, unique, and a batch's members: each row names the span
+    that submitted it, so the relay's publish (and a retry) stays in that trace."""
+    conn = await asyncpg.connect(DATABASE_URL)
+    try:
+        async with conn.transaction():
+            in_tx = await client.submit("traced", connection=conn)
+    finally:
+        await conn.close()
+    unique = await client.submit("traced", unique_for=60)
+    batch = await client.batch([("pooled", {"n": 1}), ("pooled", {"n": 2})])
+    for job_id in (in_tx.id, unique.id):
+        submit = one(of_job(spans, job_id), "coldbrew submit")
+        assert names_span((await row_trace(settings.namespace, job_id))[0], submit), job_id
+    batch_span = one(spans.get_finished_spans(), "coldbrew batch")
+    assert (batch_span.attributes or {})["coldbrew.batch.id"] == batch.id
+    for member in batch.member_ids:
+        assert names_span((await row_trace(settings.namespace, member))[0], batch_span)
+        publish = one(of_job(spans, member), "coldbrew publish")
+        assert publish.parent is not None
+        assert publish.parent.span_id == batch_span.context.span_id
+
+
+async def test_children_and_added_members_join_the_run_span(
+    worker: Any, client: Client, settings: Settings, spans: InMemorySpanExporter
+) -> None:
+    """``ctx.submit``'s child (of a coroutine job and of a process-pool job) and
+    ``ctx.batch.add``'s member: their rows name the run span of the job that made them,
+    and their own spans are in its trace."""
+    parent = await client.submit("spawns")
+    child_id = (await client.wait(parent.id, timeout=20)).result
+    pooled = await client.submit("pooled_spawns")  # relayed from a process-pool child
+    pooled_child_id = (await client.wait(pooled.id, timeout=30)).result
+    batch = await client.batch([("adds", {})])
+    adder = batch.member_ids[0]
+    added_id = (await client.wait(adder, timeout=20)).result
+    for maker, made in ((parent.id, child_id), (pooled.id, pooled_child_id), (adder, added_id)):
+        assert (await client.wait(made, timeout=20)).status == "succeeded"
+        run = one(await job_spans(spans, maker), "coldbrew run")
+        assert names_span((await row_trace(settings.namespace, made))[0], run), made
+        found = await job_spans(spans, made)
+        assert_worker_spans(found, run)
+        assert found[0].context.trace_id == run.context.trace_id
+
+
+async def test_a_cron_tick_is_a_trace_rooted_in_its_cron_span(
+    start_worker: WorkerFactory, client: Client, spans: InMemorySpanExporter
+) -> None:
+    """A tick's job: its publish and worker spans are children of the tick's span."""
+    await start_worker(load_app("tests.tracing_apps:cron_app"), processes=1)
+    await wait_until(
+        lambda: holds(bool(named(spans.get_finished_spans(), "coldbrew outcome"))), timeout=20
+    )
+    outcome = named(spans.get_finished_spans(), "coldbrew outcome")[0]
+    found = of_job(spans, (outcome.attributes or {})["coldbrew.job.id"])
+    cron = [
+        s
+        for s in named(spans.get_finished_spans(), "coldbrew cron")
+        if s.context.trace_id == outcome.context.trace_id
+    ]
+    assert len(cron) == 1 and cron[0].parent is None
+    assert_worker_spans(found, cron[0])
+
+
+async def test_a_raw_producers_traceparent_is_in_the_row_from_the_first_claim(
+    start_worker: WorkerFactory,
+    client: Client,
+    settings: Settings,
+    amqp: aio_pika.abc.AbstractChannel,
+) -> None:
+    """Tracing off, a job that succeeds at once: its row still keeps the producer's trace
+    context (the claim records it), so anything the relay publishes later joins it."""
+    await start_worker(processes=1)
+    await publish_raw(
+        amqp,
+        settings.namespace,
+        json.dumps({"type": "traced"}).encode(),
+        "default.default",
+        message_id="raw-kept",
+        headers={"traceparent": TRACEPARENT, "tracestate": "vendor=opaque"},
+    )
+    await wait_until(lambda: status_is(client, "raw-kept", "succeeded"))
+    assert await row_trace(settings.namespace, "raw-kept") == (TRACEPARENT, "vendor=opaque")

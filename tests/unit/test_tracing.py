@@ -56,6 +56,26 @@ def test_without_a_provider_the_facade_is_a_no_op() -> None:
     assert tracing.log_trace_id(target) is tracing._NULL
     tracing.set_attributes(None, {"a": 1})
     tracing.mark_error(None, "x")
+    assert tracing.span("coldbrew batch", {"coldbrew.batch.id": "b"}) is tracing._NULL
+    assert tracing.current() == (None, None)
+    tracing.stamp([target])
+    assert target.traceparent is None
+
+
+def test_stamp_gives_the_current_span_to_jobs_without_a_context(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """What a batch's members, a child and a cron tick get: the current span's context,
+    never in place of a context a job has."""
+    fresh, own = job(), job()
+    own.traceparent = VALID
+    assert tracing.current() == (None, None)  # a provider, but no span is current
+    with tracing.span("coldbrew batch", {"coldbrew.batch.id": "b"}) as span:
+        assert span is not None
+        tracing.stamp([fresh, own])
+    (batch,) = exporter.get_finished_spans()
+    assert fresh.traceparent == tracing.traceparent_of(batch)[0]  # type: ignore[arg-type]
+    assert own.traceparent == VALID
 
 
 def test_without_the_extra_nothing_is_imported() -> None:

@@ -215,7 +215,25 @@ def _submit_operation() -> dict[str, Any]:
                     "pattern": NO_NUL,
                 },
                 "description": "the same key (per tenant) returns the same job",
-            }
+            },
+            # W3C Trace Context (README "Tracing"): the job's spans join the caller's trace.
+            # Plain strings: a malformed value is ignored, never refused (the job is
+            # submitted in a trace of its own), so the contract constrains nothing.
+            {
+                "name": "traceparent",
+                "in": "header",
+                "schema": _STRING,
+                "description": "W3C Trace Context (00-<trace id>-<span id>-<flags>): the "
+                "job's submit span becomes a child of the caller's span; a malformed value "
+                "is ignored",
+            },
+            {
+                "name": "tracestate",
+                "in": "header",
+                "schema": _STRING,
+                "description": "W3C Trace Context vendor state, kept with traceparent "
+                "(printable ASCII, at most 512 characters; otherwise ignored)",
+            },
         ],
         "requestBody": {
             "required": True,

@@ -150,8 +150,13 @@ class _ProcessBatch:
 def _run_job(app: App, channel: _ChildChannel, message: tuple[Any, ...]) -> bytes:
     """Run one job and return the outcome frame; job code can never take the child down."""
     _, job_type, args, info = message
+    trace_id = info.get("trace_id")  # the job's trace, as its worker-side log lines carry it
     try:
-        value = app.get(job_type).func(ProcessContext(channel, info), **args)
+        if trace_id is None:
+            value = app.get(job_type).func(ProcessContext(channel, info), **args)
+        else:
+            with structlog.contextvars.bound_contextvars(trace_id=trace_id):
+                value = app.get(job_type).func(ProcessContext(channel, info), **args)
     except Snooze as exc:
         return frame(("snooze", exc.seconds))
     except Retry as exc:

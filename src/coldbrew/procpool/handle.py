@@ -184,7 +184,8 @@ class ChildHandle:
         job = self.job
         if job is None or job.future.done():
             return
-        task = self._loop.create_task(self._answer(job, method, argument))
+        # in the job's context, not the protocol callback's (tracing: the run span)
+        task = self._loop.create_task(self._answer(job, method, argument), context=job.context)
         job.rpcs.add(task)
         task.add_done_callback(job.rpcs.discard)
 

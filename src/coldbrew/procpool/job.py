@@ -8,6 +8,7 @@ settles its future from the child's frames and answers its RPCs through
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -40,3 +41,7 @@ class PoolJob:
     host: ContextHost
     future: asyncio.Future[Any]
     rpcs: set[asyncio.Task[None]] = field(default_factory=set)
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
+    """The context the job was handed over in (the worker's run span, the job's log
+    context): its RPCs are answered in it, so a child ``ctx.submit`` makes names the run
+    span as the coroutine job's does. A copy is O(1)."""

@@ -43,19 +43,21 @@ WHERE j.id = u.id AND j.publish_after = u.publish_after
   AND j.id IN (SELECT id FROM jobs WHERE id = ANY($1::text[]) FOR UPDATE SKIP LOCKED);
 
 -- name: claim_batch
--- Upsert delivered jobs and claim the claimable ones, one attempt each, with the seconds each claimed one waited since it became due (run_at: its creation, its schedule or its retry; 0 for a row the claim inserts); a scheduled row is claimable once its run_at has come, and an early delivery of one is refused like a duplicate ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 idempotency keys, $10 lease seconds, $11 worker id)
+-- Upsert delivered jobs and claim the claimable ones, one attempt each, with the seconds each claimed one waited since it became due (run_at: its creation, its schedule or its retry; 0 for a row the claim inserts); a scheduled row is claimable once its run_at has come, and an early delivery of one is refused like a duplicate; a row without a trace context takes the delivery's, so a raw producer's traceparent is in its row from the first claim on ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 idempotency keys, $10 lease seconds, $11 worker id, $12 traceparents or nulls, $13 tracestates or nulls)
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int2[],
-                $7::int4[], $8::float8[], $9::text[])
+                $7::int4[], $8::float8[], $9::text[], $12::text[], $13::text[])
          AS i(id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-              idempotency_key)
+              idempotency_key, traceparent, tracestate)
 ),
 inserted AS (
     INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                      idempotency_key, status, attempt, started_at, lease_expires_at, worker_id)
+                      idempotency_key, status, attempt, started_at, lease_expires_at, worker_id,
+                      traceparent, tracestate)
     SELECT id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-           idempotency_key, 'running', 1, now(), now() + make_interval(secs => $10), $11
+           idempotency_key, 'running', 1, now(), now() + make_interval(secs => $10), $11,
+           traceparent, tracestate
     FROM input
     ON CONFLICT (id) DO NOTHING
     RETURNING id, attempt, max_attempts, timeout_seconds, checkpoint, started_at, snoozes,
@@ -65,7 +67,9 @@ claimed AS (
     UPDATE jobs AS j
     SET status = 'running', attempt = j.attempt + 1, started_at = coalesce(j.started_at, now()),
         lease_expires_at = now() + make_interval(secs => $10), worker_id = $11,
-        publish_after = NULL, updated_at = now()
+        publish_after = NULL, updated_at = now(),
+        traceparent = coalesce(j.traceparent, i.traceparent),
+        tracestate = CASE WHEN j.traceparent IS NULL THEN i.tracestate ELSE j.tracestate END
     FROM input AS i
     WHERE j.id = i.id
       -- snoozes gave back the attempts their claims took (attempt itself only grows)
@@ -884,7 +888,7 @@ SELECT now() AS now, server_started() AS server_started FROM noted;
 -- --- Unique jobs (issue #15; 0008_unique.sql) -------------------------------------
 
 -- name: insert_unique_job
--- Submit a job unique for its key, in one statement: unless a job with its id exists (an idempotency key wins), take the key when it is free, or its holder was created before the period or is in none of the states, and insert the job queued and unpublished; returns the new row, or nothing when the key's holder (find_unique_holder) or the id's job stands ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds, $11 unique key, $12 unique states, $13 period seconds or NULL for ever, $14 webhook url or null)
+-- Submit a job unique for its key, in one statement: unless a job with its id exists (an idempotency key wins), take the key when it is free, or its holder was created before the period or is in none of the states, and insert the job queued and unpublished; returns the new row, or nothing when the key's holder (find_unique_holder) or the id's job stands ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 relay grace seconds, $11 unique key, $12 unique states, $13 period seconds or NULL for ever, $14 webhook url or null, $15 traceparent or null, $16 tracestate or null)
 WITH taken AS (
     INSERT INTO job_unique AS u (key, job_id)
     SELECT $11, $1
@@ -896,8 +900,8 @@ WITH taken AS (
     RETURNING u.job_id
 )
 INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                  idempotency_key, publish_after, webhook_url)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10), $14
+                  idempotency_key, publish_after, webhook_url, traceparent, tracestate)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10), $14, $15, $16
 FROM taken
 ON CONFLICT (id) DO NOTHING
 RETURNING *;
@@ -912,7 +916,7 @@ WHERE u.key = $2 AND NOT EXISTS (SELECT 1 FROM jobs WHERE id = $1)
 LIMIT 1;
 
 -- name: admit_unique_delivery
--- A delivery of a unique type whose row may not exist (a raw AMQP producer): if its id names a job or an alias, report it; else take the key as insert_unique_job does and insert the row queued (the claim that follows runs it); "known" is the id's job or alias target, "taken" our id when we inserted ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 unique key, $11 unique states, $12 period seconds or NULL for ever)
+-- A delivery of a unique type whose row may not exist (a raw AMQP producer): if its id names a job or an alias, report it; else take the key as insert_unique_job does and insert the row queued (the claim that follows runs it); "known" is the id's job or alias target, "taken" our id when we inserted ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 unique key, $11 unique states, $12 period seconds or NULL for ever, $13 traceparent or null, $14 tracestate or null)
 WITH known AS (
     SELECT id FROM jobs WHERE id = $1
     UNION ALL
@@ -930,8 +934,8 @@ taken AS (
 ),
 inserted AS (
     INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                      idempotency_key)
-    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
+                      idempotency_key, traceparent, tracestate)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $13, $14
     FROM taken
     ON CONFLICT (id) DO NOTHING
     RETURNING id
@@ -1143,15 +1147,15 @@ SELECT (SELECT backlog FROM taken) AS taken_backlog,
 -- --- scheduled jobs and snooze (worker/runner.py, worker/relay.py) -------------------
 
 -- name: defer_job
--- A delivery asks for a later start (x-run-at / x-delay-seconds): record its job as scheduled if it has no row yet and is not due, so the relay publishes it then; returns the id when recorded, nothing when the row exists or the job is due now ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 run_at or null, $11 delay seconds or null)
+-- A delivery asks for a later start (x-run-at / x-delay-seconds): record its job as scheduled if it has no row yet and is not due, so the relay publishes it then; returns the id when recorded, nothing when the row exists or the job is due now ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 run_at or null, $11 delay seconds or null, $12 traceparent or null, $13 tracestate or null)
 WITH due AS MATERIALIZED (
     SELECT coalesce($10::timestamptz, now() + make_interval(secs => coalesce($11::float8, 0)))
            AS at
 )
 INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                  idempotency_key, status, run_at, publish_after)
+                  idempotency_key, status, run_at, publish_after, traceparent, tracestate)
 SELECT $1::text, $2::text, $3::text, $4::text, $5::jsonb, $6::int2, $7::int4, $8::float8,
-       $9::text, 'scheduled', due.at, due.at
+       $9::text, 'scheduled', due.at, due.at, $12::text, $13::text
 FROM due
 WHERE due.at > now()
 ON CONFLICT (id) DO NOTHING

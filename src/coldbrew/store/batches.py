@@ -68,6 +68,8 @@ class BatchRows(StoreBase):
                 [m.timeout for m in members],
                 batch_id,
                 relay_grace,
+                members[0].traceparent if members else None,  # create_batch gives every
+                members[0].tracestate if members else None,  # member the same
             )
             if len(rows) != len(members):
                 inserted = {r["id"] for r in rows}
@@ -159,6 +161,8 @@ class BatchRows(StoreBase):
                 QUERIES["insert_added_member"].text,
                 *request.row_fields(),
                 batch["id"],
+                request.traceparent,
+                request.tracestate,
             )
             if added is not None:
                 await conn.execute(QUERIES["grow_batch"].text, batch["id"])

@@ -54,6 +54,8 @@ class ClaimConfig:
             [r.idempotency_key for r in requests],
             self.lease_seconds,
             self.worker_id,
+            [r.traceparent for r in requests],  # a raw producer's, kept from the first claim
+            [r.tracestate for r in requests],
         )
 
 
@@ -210,4 +212,6 @@ def children_args(children: Sequence[tuple[str, ClaimRequest]]) -> tuple[Any, ..
         [c.max_attempts for _, c in children],
         [c.timeout for _, c in children],
         [parent for parent, _ in children],
+        [c.traceparent for _, c in children],  # the parent's run span (Client.child_request)
+        [c.tracestate for _, c in children],
     )

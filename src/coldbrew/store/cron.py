@@ -180,8 +180,8 @@ class CronStore(StoreBase):
                     None,  # run_at: a tick runs now (its time has come)
                     None,  # delay
                     None,  # webhook url: a scheduled job's webhook is its tenant's
-                    None,  # traceparent: a tick starts no one's trace; its publish begins one
-                    None,  # tracestate
+                    request.traceparent,  # the tick's span (worker/cron.py), if traced
+                    request.tracestate,
                 )
                 if row is not None:
                     inserted.append((request, row["publish_after"]))

@@ -97,6 +97,8 @@ class FlowStore(StoreBase):
                     request.run_at,
                     request.delay,
                     request.webhook_url,
+                    request.traceparent,
+                    request.tracestate,
                 )
                 if row is None:
                     row = await conn.fetchrow(QUERIES["get_job_in_transaction"].text, request.id)

@@ -64,6 +64,8 @@ class JobRows(StoreBase):
             request.idempotency_key,
             request.run_at,
             request.delay,
+            request.traceparent,
+            request.tracestate,
         )
         return row is not None
 

@@ -68,6 +68,8 @@ class UniqueRows(StoreBase):
                 list(opts.states),
                 opts.period,
                 request.webhook_url,
+                request.traceparent,
+                request.tracestate,
             )
             if row is not None:
                 return JobRecord.from_row(row), row["publish_after"], False
@@ -88,6 +90,8 @@ class UniqueRows(StoreBase):
                 unique.key,
                 list(opts.states),
                 opts.period,
+                request.traceparent,
+                request.tracestate,
             )
             known, taken = (None, None) if row is None else (row["known"], row["taken"])
             if known is not None:  # a job of this id, or a duplicate mapped before

@@ -27,6 +27,8 @@ class WebhookRows(StoreBase):
             request.run_at,
             request.delay,
             request.webhook_url,
+            request.traceparent,
+            request.tracestate,
         )
 
     async def attach(self, job_id: str, url: str) -> None:

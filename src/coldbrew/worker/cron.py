@@ -28,6 +28,7 @@ from datetime import datetime
 
 import structlog
 
+from coldbrew import tracing
 from coldbrew.app import App
 from coldbrew.client import Client
 from coldbrew.crontab import CronSpec, Plan, plan, tick_job_id
@@ -195,13 +196,16 @@ class CronService:
     async def _fire(self, spec: CronSpec, mark: Watermark, decided: Plan) -> None:
         """One transaction: the watermark's swap and the jobs; then publish and count."""
         requests = [self._request(spec, tick) for tick, _ in decided.fire]
-        inserted = await self.store.cron.fire(
-            mark, decided.watermark, requests, relay_grace=self.settings.relay_grace_seconds
-        )
-        if inserted is None:  # another worker decided these ticks first
-            return
-        self._count(spec, decided)
-        await self._publish(inserted)
+        # a tick's jobs start a trace of their own, rooted in this span (tracing.py)
+        with tracing.span("coldbrew cron", {"coldbrew.cron.schedule": spec.name}):
+            tracing.stamp(requests)
+            inserted = await self.store.cron.fire(
+                mark, decided.watermark, requests, relay_grace=self.settings.relay_grace_seconds
+            )
+            if inserted is None:  # another worker decided these ticks first
+                return
+            self._count(spec, decided)
+            await self._publish(inserted)
 
     def _request(self, spec: CronSpec, tick: datetime) -> ClaimRequest:
         return self.client.prepare(

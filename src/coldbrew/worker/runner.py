@@ -424,6 +424,9 @@ class JobRunner:
             "checkpoint": claim.checkpoint,
             "snoozes": claim.snoozes,
         }
+        traceparent = state.delivery.envelope.traceparent
+        if traceparent is not None:  # the child's log lines carry it (procpool/child.py)
+            info["trace_id"] = tracing.trace_id_of(traceparent)
         if state.stop is not None:
             raise JobCancelled(state.stop.value)
         # no deadline (the pool counts the timeout once a child has the job): the scope lets

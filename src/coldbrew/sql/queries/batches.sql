@@ -10,11 +10,11 @@ ON CONFLICT (id) DO NOTHING
 RETURNING *;
 
 -- name: insert_batch_members
--- Insert a batch's members as queued and unpublished (publish_after = now + grace, as insert_job); returns the ids inserted (an id that exists already is not) ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 batch id, $10 relay grace seconds)
+-- Insert a batch's members as queued and unpublished (publish_after = now + grace, as insert_job); returns the ids inserted (an id that exists already is not) ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 batch id, $10 relay grace seconds, $11 traceparent or null: the submission's trace, which every member joins, $12 tracestate or null)
 INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                  batch_id, status, run_at, publish_after)
+                  batch_id, status, run_at, publish_after, traceparent, tracestate)
 SELECT u.id, u.type, u.queue, u.tenant, u.args, u.priority, u.max_attempts, u.timeout,
-       $9, 'queued', now(), now() + make_interval(secs => $10)
+       $9, 'queued', now(), now() + make_interval(secs => $10), $11::text, $12::text
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int2[],
             $7::int4[], $8::float8[])
      AS u(id, type, queue, tenant, args, priority, max_attempts, timeout)
@@ -54,10 +54,10 @@ WHERE j.id = $1 AND j.attempt = $2 AND j.status = 'running'
 FOR SHARE OF j FOR UPDATE OF b;
 
 -- name: insert_added_member
--- Insert one member added from inside a member, due for the relay now; returns its id unless it existed (a retry of the adding job) ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 batch id)
+-- Insert one member added from inside a member, due for the relay now; returns its id unless it existed (a retry of the adding job) ($1 id, $2 type, $3 queue, $4 tenant, $5 args, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 batch id, $10 traceparent or null: the adding member's run span, $11 tracestate or null)
 INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                  batch_id, status, run_at, publish_after)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'queued', now(), now())
+                  batch_id, status, run_at, publish_after, traceparent, tracestate)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'queued', now(), now(), $10, $11)
 ON CONFLICT (id) DO NOTHING
 RETURNING id;
 

@@ -9,19 +9,20 @@ SELECT current_setting('search_path') AS previous, set_config('search_path', $1,
 SELECT set_config('search_path', $1, true);
 
 -- name: insert_job_in_transaction
--- Submit a job on a caller's connection, in its transaction: queued and due at once (publish_after = now(), the transaction's start, so past when it commits), or scheduled for its run_at; NOTIFY "<schema>.relay" so that the relays wake at commit (a rollback sends nothing); json travels as text, since the caller's connection may have no jsonb codec ($1 id, $2 type, $3 queue, $4 tenant, $5 args json text, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 run_at or null, $11 delay seconds or null, $12 webhook_url or null)
+-- Submit a job on a caller's connection, in its transaction: queued and due at once (publish_after = now(), the transaction's start, so past when it commits), or scheduled for its run_at; NOTIFY "<schema>.relay" so that the relays wake at commit (a rollback sends nothing); json travels as text, since the caller's connection may have no jsonb codec ($1 id, $2 type, $3 queue, $4 tenant, $5 args json text, $6 priority, $7 max_attempts, $8 timeout_seconds, $9 idempotency_key, $10 run_at or null, $11 delay seconds or null, $12 webhook_url or null, $13 traceparent or null, $14 tracestate or null)
 WITH due AS MATERIALIZED (
     SELECT coalesce($10::timestamptz, now() + make_interval(secs => coalesce($11::float8, 0)))
            AS at
 ),
 inserted AS (
     INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                      idempotency_key, status, run_at, publish_after, webhook_url)
+                      idempotency_key, status, run_at, publish_after, webhook_url,
+                      traceparent, tracestate)
     VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8, $9,
             CASE WHEN (SELECT at FROM due) > now() THEN 'scheduled'::job_status
                  ELSE 'queued'::job_status END,
             greatest((SELECT at FROM due), now()),
-            greatest((SELECT at FROM due), now()), $12)
+            greatest((SELECT at FROM due), now()), $12, $13, $14)
     ON CONFLICT (id) DO NOTHING
     RETURNING *
 )
@@ -41,15 +42,16 @@ SELECT j.id, j.type, j.queue, j.tenant, j.status::text AS status, j.priority, j.
 FROM jobs AS j WHERE j.id = $1;
 
 -- name: insert_children
--- A succeeded parent's child jobs, in the transaction of its outcome: queued and due at once for the relay (woken by NOTIFY "<schema>.relay" at commit); an id that exists already (a retried parent's, or a duplicate) is left alone; returns the ids inserted ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 parent ids)
+-- A succeeded parent's child jobs, in the transaction of its outcome: queued and due at once for the relay (woken by NOTIFY "<schema>.relay" at commit); an id that exists already (a retried parent's, or a duplicate) is left alone; returns the ids inserted ($1 ids, $2 types, $3 queues, $4 tenants, $5 args, $6 priorities, $7 max_attempts, $8 timeouts, $9 parent ids, $10 traceparents: the parent run span or null, $11 tracestates)
 WITH inserted AS (
     INSERT INTO jobs (id, type, queue, tenant, args, priority, max_attempts, timeout_seconds,
-                      status, run_at, publish_after, parent_id)
+                      status, run_at, publish_after, parent_id, traceparent, tracestate)
     SELECT c.id, c.type, c.queue, c.tenant, c.args, c.priority, c.max_attempts,
-           c.timeout_seconds, 'queued', now(), now(), c.parent_id
+           c.timeout_seconds, 'queued', now(), now(), c.parent_id, c.traceparent, c.tracestate
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int2[],
-                $7::int4[], $8::float8[], $9::text[])
-         AS c(id, type, queue, tenant, args, priority, max_attempts, timeout_seconds, parent_id)
+                $7::int4[], $8::float8[], $9::text[], $10::text[], $11::text[])
+         AS c(id, type, queue, tenant, args, priority, max_attempts, timeout_seconds, parent_id,
+              traceparent, tracestate)
     ORDER BY c.id
     ON CONFLICT (id) DO NOTHING
     RETURNING id
