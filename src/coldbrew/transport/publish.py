@@ -15,7 +15,7 @@ from typing import Any
 import aio_pika
 import aiormq
 import structlog
-from aio_pika.abc import AbstractRobustExchange
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustExchange
 
 from coldbrew import tracing
 from coldbrew.errors import BrokerUnavailable
@@ -65,8 +65,9 @@ def job_message(job: JobFields) -> aio_pika.Message:
     )
 
 
-def copy_of(message: Inbound) -> aio_pika.Message:
-    """A delivery as a new persistent message, unchanged (to publish it again)."""
+def copy_of(message: Inbound | AbstractIncomingMessage) -> aio_pika.Message:
+    """A delivery (ours, or aio-pika's from a queue being emptied) as a new persistent
+    message, properties and headers kept (to publish it again)."""
     return aio_pika.Message(
         message.body,
         headers=dict(message.headers or {}),

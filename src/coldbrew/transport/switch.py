@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractExchange
 
 from coldbrew.errors import BrokerUnavailable
 from coldbrew.transport.connection import CHANNEL_ERRORS, BrokerConnection
-from coldbrew.transport.publish import PUBLISH_ERRORS
+from coldbrew.transport.publish import PUBLISH_ERRORS, copy_of
 
 KeyFor = Callable[[str | None, int | None], str]
 """The routing key a moved message goes on with, from its (routing key, priority)."""
@@ -40,23 +40,6 @@ class Retired:
     dropped: int = 0
     """Messages the delete found after the last move (a publish in flight past the unbind;
     their rows, if any, are found by the reconciler)."""
-
-
-def moved_copy(message: AbstractIncomingMessage) -> aio_pika.Message:
-    """A held message as a new persistent one, properties and headers kept."""
-    return aio_pika.Message(
-        message.body,
-        headers=dict(message.headers or {}),
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        priority=message.priority,
-        message_id=message.message_id,
-        correlation_id=message.correlation_id,
-        timestamp=message.timestamp,
-        type=message.type,
-        app_id=message.app_id,
-    )
 
 
 class QueueRetirer:
@@ -116,7 +99,7 @@ class QueueRetirer:
                 return moved
             key = key_for(message.routing_key, message.priority)
             await target.publish(
-                moved_copy(message), routing_key=key, mandatory=False, timeout=self._timeout
+                copy_of(message), routing_key=key, mandatory=False, timeout=self._timeout
             )  # confirmed before the ack: the message is never in neither queue
             await message.ack()
             moved += 1
