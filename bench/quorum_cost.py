@@ -20,6 +20,14 @@ CPU; run it when the machine is quiet, and read the medians of ``--repeat``.
 
     .venv/bin/python -m bench.quorum_cost --tenants 1000 --bands 3
     .venv/bin/python -m bench.quorum_cost --tenants 100 --modes quorum --json
+
+On scripts/cluster's three nodes (``--nodes``: the broker figures are then per
+node, suffixed ``_n1``.. ``_n3``; the worker and the bench connect to
+``--amqp-url``, node 1, where 3.10 places every new quorum queue's leader)::
+
+    .venv/bin/python -m bench.quorum_cost --amqp-url amqp://guest:guest@127.0.0.1:5681/ \
+        --database-url postgresql://root@127.0.0.1:5441/coldbrew \
+        --nodes cbc1@localhost,cbc2@localhost,cbc3@localhost
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import re
 import secrets
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,48 +76,51 @@ class Config:
     idle: float
     jobs: int
     repeat: int
+    nodes: tuple[str | None, ...] = (None,)  # rabbitmqctl -n; None: its default node
 
 
-def beam_pid() -> int:
-    """The OS pid of the node ``rabbitmqctl`` talks to (other nodes may run: a cluster's)."""
-    out = subprocess.run(
-        ["rabbitmqctl", "-q", "eval", "os:getpid()."],
+def ctl(tool: str, node: str | None, *args: str) -> str:
+    """``tool`` (rabbitmqctl, rabbitmq-diagnostics) against ``node`` (None: the default)."""
+    target = ["-n", node] if node else []
+    return subprocess.run(
+        [tool, "-q", *target, *args],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     ).stdout
-    return int(out.strip().strip('"'))
 
 
-HANDLES_PER_QUORUM_QUEUE = 3
-"""File handles a quorum queue reserves in RabbitMQ 3.10's file handle cache (measured here:
-6,499 reserved by about 2,300 quorum queues, so 2.8)."""
+def suffixes(cfg: Config) -> list[str]:
+    """Each node's suffix of the per-node figures: none for a single node."""
+    return [""] if len(cfg.nodes) == 1 else [f"_n{i + 1}" for i in range(len(cfg.nodes))]
 
 
-def handle_limit() -> tuple[int, int]:
+def beam_pid(node: str | None = None) -> int:
+    """The OS pid of ``node`` (None: the one ``rabbitmqctl`` talks to by default)."""
+    return int(ctl("rabbitmqctl", node, "eval", "os:getpid().").strip().strip('"'))
+
+
+HANDLES_PER_QUORUM_QUEUE = 5
+"""File handles a quorum queue reserves in RabbitMQ 3.10's file handle cache, on the node
+that leads it (measured here: 6,499 reserved by about 2,300 quorum queues on a single node,
+2.8; on scripts/cluster, where node 1 leads every queue it declared, ~4.9 there and ~2 on
+each follower)."""
+
+
+def handle_limit(node: str | None = None) -> tuple[int, int]:
     """(limit, used) of the node's file handle cache: past the limit the node accepts no new
     AMQP connection (a socket needs a handle) and classic queues stall on their journals."""
-    out = subprocess.run(
-        ["rabbitmqctl", "-q", "eval", "file_handle_cache:info([total_limit, total_used])."],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
+    out = ctl("rabbitmqctl", node, "eval", "file_handle_cache:info([total_limit, total_used]).")
     limit, used = (int(n) for n in re.findall(r"\d+", out))
     return limit, used
 
 
-def broker_memory() -> dict[str, float]:
+def broker_memory(node: str | None = None) -> dict[str, float]:
     """MiB by category (the lines that grow with queues) and the allocated total."""
-    out = subprocess.run(
-        ["rabbitmq-diagnostics", "-q", "memory_breakdown", "--unit", "mb", "--formatter", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
+    out = ctl(
+        "rabbitmq-diagnostics", node, "memory_breakdown", "--unit", "mb", "--formatter", "json"
+    )
     lines = {name: value["bytes"] / 2**20 for name, value in json.loads(out).items()}
     total = sum(v for k, v in lines.items() if k != "reserved_unallocated")
     keep = ("queue_procs", "quorum_queue_procs", "quorum_ets", "mnesia", "other_proc", "binary")
@@ -184,34 +196,45 @@ async def succeeded(cfg: Config, namespace: str) -> int:
 async def one_run(cfg: Config, mode: str) -> dict[str, Any]:
     namespace = f"bqc_{secrets.token_hex(3)}_{mode}"
     topo = Topology(namespace, "quorum" if mode == "quorum" else "classic", cfg.bands)
-    beam = beam_pid()
+    tags = suffixes(cfg)
+    beams = [beam_pid(node) for node in cfg.nodes]
     result: dict[str, Any] = {"mode": mode, "queues": cfg.tenants * len(topo.job_queues("d", "t"))}
     if topo.quorum:
-        limit, used = handle_limit()
-        needed = result["queues"] * HANDLES_PER_QUORUM_QUEUE
-        if used + needed > limit * 0.8:
-            raise RuntimeError(
-                f"{result['queues']} quorum queues reserve about {needed} file handles; the "
-                f"node has {limit - used} of {limit} free: it would stop accepting connections "
-                "(raise its open-files limit, or use fewer --tenants)"
-            )
+        for node, tag in zip(cfg.nodes, tags, strict=True):
+            limit, used = handle_limit(node)
+            result[f"handle_limit{tag}"] = limit
+            # every node holds a member of every quorum queue (the initial group is the cluster)
+            needed = result["queues"] * HANDLES_PER_QUORUM_QUEUE
+            if used + needed > limit * 0.8:
+                raise RuntimeError(
+                    f"{result['queues']} quorum queues reserve about {needed} file handles; "
+                    f"node {node or 'default'} has {limit - used} of {limit} free: it would stop"
+                    " accepting connections (raise its open-files limit, or use fewer --tenants)"
+                )
     await migrate(cfg.database_url, namespace)
     try:
-        memory_before = broker_memory()
-        rss_before = memory_kib(beam)["VmRSS"]
-        cpu_before = cpu_seconds(beam)
+        memory_before = [broker_memory(node) for node in cfg.nodes]
+        rss_before = [memory_kib(beam)["VmRSS"] for beam in beams]
+        cpu_before = [cpu_seconds(beam) for beam in beams]
         progress(f"{mode}: declaring {result['queues']} queues")
         result["declare_seconds"] = round(await declare(cfg, topo), 1)
-        result["declare_broker_cpu_seconds"] = round(cpu_seconds(beam) - cpu_before, 1)
+        for tag, beam, before in zip(tags, beams, cpu_before, strict=True):
+            result[f"declare_broker_cpu_seconds{tag}"] = round(cpu_seconds(beam) - before, 1)
         await asyncio.sleep(5)  # let the new Raft groups settle before reading
-        memory_after = broker_memory()
-        result["broker_memory_mib"] = memory_after
-        result["broker_memory_growth_mib"] = round(
-            memory_after["allocated"] - memory_before["allocated"], 1
-        )
-        result["broker_rss_growth_mib"] = round((memory_kib(beam)["VmRSS"] - rss_before) / 1024, 1)
-        (idle,) = await idle_cpu(cfg.idle, beam)
-        result["broker_idle_cpu_no_consumers"] = round(idle, 3)
+        for node, tag, beam, mem0, rss0 in zip(
+            cfg.nodes, tags, beams, memory_before, rss_before, strict=True
+        ):
+            memory_after = broker_memory(node)
+            result[f"broker_memory_mib{tag}"] = memory_after
+            result[f"broker_memory_growth_mib{tag}"] = round(
+                memory_after["allocated"] - mem0["allocated"], 1
+            )
+            result[f"broker_rss_growth_mib{tag}"] = round(
+                (memory_kib(beam)["VmRSS"] - rss0) / 1024, 1
+            )
+        idle = await idle_cpu(cfg.idle, *beams)
+        for tag, value in zip(tags, idle, strict=True):
+            result[f"broker_idle_cpu_no_consumers{tag}"] = round(value, 3)
         progress(f"{mode}: one worker consuming them")
         env = {
             "COLDBREW_QUEUE_TYPE": topo.queue_type,
@@ -224,14 +247,16 @@ async def one_run(cfg: Config, mode: str) -> dict[str, Any]:
         ) as worker:
             result["worker_ready_seconds"] = round(worker.ready_seconds, 1)
             await asyncio.sleep(5)
-            broker_idle, worker_idle = await idle_cpu(cfg.idle, beam, worker.pid)
-            result["broker_idle_cpu_consumed"] = round(broker_idle, 3)
+            *broker_idle, worker_idle = await idle_cpu(cfg.idle, *beams, worker.pid)
+            for node, tag, value in zip(cfg.nodes, tags, broker_idle, strict=True):
+                result[f"broker_idle_cpu_consumed{tag}"] = round(value, 3)
+                result[f"broker_memory_consumed_mib{tag}"] = broker_memory(node)["allocated"]
             result["worker_idle_cpu"] = round(worker_idle, 3)
             result["worker_rss_mib"] = round(memory_kib(worker.pid)["VmRSS"] / 1024, 1)
-            result["broker_memory_consumed_mib"] = broker_memory()["allocated"]
             if cfg.jobs:
                 progress(f"{mode}: {cfg.jobs} jobs over {cfg.tenants} tenants")
-                b0, w0 = cpu_seconds(beam), cpu_seconds(worker.pid)
+                b0 = [cpu_seconds(beam) for beam in beams]
+                w0 = cpu_seconds(worker.pid)
                 started = time.perf_counter()
                 await publish(cfg, topo)
                 while await succeeded(cfg, namespace) < cfg.jobs:
@@ -241,7 +266,10 @@ async def one_run(cfg: Config, mode: str) -> dict[str, Any]:
                 seconds = time.perf_counter() - started
                 per = 1000 / cfg.jobs
                 result["jobs_per_second"] = round(cfg.jobs / seconds)
-                result["broker_cpu_per_1000_jobs"] = round((cpu_seconds(beam) - b0) * per, 2)
+                for tag, beam, before in zip(tags, beams, b0, strict=True):
+                    result[f"broker_cpu_per_1000_jobs{tag}"] = round(
+                        (cpu_seconds(beam) - before) * per, 2
+                    )
                 result["worker_cpu_per_1000_jobs"] = round((cpu_seconds(worker.pid) - w0) * per, 2)
                 result["worker_rss_after_jobs_mib"] = round(
                     memory_kib(worker.pid)["VmRSS"] / 1024, 1
@@ -249,10 +277,9 @@ async def one_run(cfg: Config, mode: str) -> dict[str, Any]:
     finally:
         progress(f"{mode}: deleting everything")
         pairs = [("default", "default")] + [("default", f"t{i}") for i in range(cfg.tenants)]
+        await delete_queues(cfg.amqp_url, topo.every_queue_name(pairs))
         await delete_broker_entities(
-            cfg.amqp_url,
-            topo.every_queue_name(pairs),
-            [topo.jobs_exchange, topo.unrouted_exchange, topo.dead_exchange],
+            cfg.amqp_url, [], [topo.jobs_exchange, topo.unrouted_exchange, topo.dead_exchange]
         )
         conn = await asyncpg.connect(cfg.database_url)
         try:
@@ -260,8 +287,27 @@ async def one_run(cfg: Config, mode: str) -> dict[str, Any]:
         finally:
             await conn.close()
     await asyncio.sleep(5)
-    result["broker_memory_after_delete_mib"] = broker_memory()["allocated"]
+    for node, tag in zip(cfg.nodes, tags, strict=True):
+        result[f"broker_memory_after_delete_mib{tag}"] = broker_memory(node)["allocated"]
     return result
+
+
+async def delete_queues(amqp_url: str, names: Sequence[str], width: int = 16) -> None:
+    """Delete queues ``width`` at a time, one channel each: deleting a quorum queue takes
+    about 0.5 s (its Raft group stops on every member), so 3,000 one by one take 25 min."""
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        pending = list(names)
+
+        async def deleter() -> None:
+            channel = await connection.channel()
+            while pending:
+                await channel.queue_delete(pending.pop())
+            await channel.close()
+
+        await asyncio.gather(*(deleter() for _ in range(width)))
+    finally:
+        await connection.close()
 
 
 def services_cfg(cfg: Config) -> Any:
@@ -279,7 +325,8 @@ async def run(cfg: Config) -> dict[str, Any]:
     for mode, results in runs.items():
         numeric = {k for k, v in results[0].items() if isinstance(v, int | float)}
         summary[mode] = {k: Spread.of([r[k] for r in results]).as_dict() for k in sorted(numeric)}
-        summary[mode]["broker_memory_mib"] = results[-1]["broker_memory_mib"]
+        for tag in suffixes(cfg):
+            summary[mode][f"broker_memory_mib{tag}"] = results[-1][f"broker_memory_mib{tag}"]
     return {"tenants": cfg.tenants, "bands": cfg.bands, "runs": runs, "summary": summary}
 
 
@@ -306,6 +353,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
     parser.add_argument("--database-url", default="postgresql://127.0.0.1:5432/coldbrew_bench")
+    parser.add_argument(
+        "--nodes",
+        default="",
+        help="comma-separated RabbitMQ node names to measure (rabbitmqctl -n), e.g. the"
+        " cluster's cbc1@localhost,cbc2@localhost,cbc3@localhost; default: rabbitmqctl's own",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     return run_main(
@@ -320,6 +373,7 @@ def main() -> int:
             idle=args.idle,
             jobs=args.jobs,
             repeat=args.repeat,
+            nodes=tuple(args.nodes.split(",")) if args.nodes else (None,),
         ),
         run,
         render,

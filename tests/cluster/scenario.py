@@ -210,6 +210,43 @@ async def lane_recoveries(
     return gaps
 
 
+async def stall_history(
+    database_url: str, namespace: str, ids: list[str], fault_at: float, bound: float
+) -> list[dict[str, Any]]:
+    """For a lane held up longer than ``bound``: the job that ended the gap (the first
+    to start after it), its row and its attempts (the job_attempts trigger table), so a
+    failed run says what the stalled job went through."""
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": namespace})
+    try:
+        rows = await conn.fetch(
+            "SELECT id, queue || '.' || tenant AS lane, extract(epoch FROM started_at) AS t"
+            " FROM jobs WHERE id = ANY($2) AND started_at > to_timestamp($1) ORDER BY 2, 3",
+            fault_at,
+            ids,
+        )
+        last: dict[str, float] = {}
+        stalled: list[str] = []
+        for row in rows:
+            if float(row["t"]) - last.get(row["lane"], fault_at) > bound:
+                stalled.append(row["id"])
+            last[row["lane"]] = float(row["t"])
+        history = []
+        for job_id in stalled:
+            job = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+            attempts = await conn.fetch(
+                "SELECT * FROM job_attempts WHERE job_id = $1 ORDER BY ended_at", job_id
+            )
+            history.append(
+                {
+                    "job": {k: str(v) for k, v in dict(job or {}).items()},
+                    "attempts": [{k: str(v) for k, v in dict(a).items()} for a in attempts],
+                }
+            )
+        return history
+    finally:
+        await conn.close()
+
+
 async def cleanup_cluster_namespace(cluster: Cluster, namespace: str) -> None:
     """Drop the namespace's schema (on the primary) and its queues and exchanges."""
     conn = await asyncpg.connect(cluster.database_url)

@@ -40,6 +40,7 @@ from tests.cluster.scenario import (
     delivery_counts,
     lane_recoveries,
     quorum_available,
+    stall_history,
     submit_concurrently,
 )
 from tests.e2e.test_api import tail, wait_listening
@@ -177,6 +178,12 @@ async def run_scenario(
     if strict:
         shown = json.dumps(figures, default=str)
         assert not dead_workers, f"a worker died of the fault instead of riding it out: {shown}"
+        if figures["recovery_s"] > RECOVERY_BOUND:
+            history = await stall_history(
+                cluster.database_url, namespace, load_ids, fault_at, RECOVERY_BOUND
+            )
+            print(f"\n[cluster:stalled] {json.dumps(history, default=str)}")  # noqa: T201
+            print(f"[cluster:logs] {fleet.logs_dir}")  # noqa: T201
         assert figures["recovery_s"] <= RECOVERY_BOUND, f"recovery too slow: {shown}"
     else:
         if figures["recovery_s"] > RECOVERY_BOUND:

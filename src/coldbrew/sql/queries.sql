@@ -116,8 +116,9 @@ WHERE j.id NOT IN (SELECT id FROM claimed);
 SELECT server_started() AS server_started;
 
 -- name: durability_barrier
--- A tiny transaction that writes a commit record, so that its synchronous commit flushes the WAL past every asynchronous claim committed before it; returns the server's start time (no parameters)
-SELECT txid_current() AS xid, server_started() AS server_started;
+-- A tiny transaction that writes WAL (a transactional logical message: an xid and a WAL record, no table, no lock), so that its synchronous commit flushes the WAL past every asynchronous claim committed before it and waits for a synchronous standby; an xid alone (txid_current()) writes no WAL before the commit record, and PostgreSQL then commits asynchronously (xact.c, RecordTransactionCommit: wrote_xlog); returns the server's start time (no parameters)
+SELECT pg_logical_emit_message(true, 'coldbrew.barrier', '') AS lsn,
+       server_started() AS server_started;
 
 -- name: verify_claims
 -- After a PostgreSQL restart: the rows of claims that were not known durable, to tell those that survived from those lost ($1 ids)

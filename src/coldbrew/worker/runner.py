@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -267,8 +268,11 @@ class JobRunner:
         """Ack, run and record a claimed job; ack a duplicate or a job that is done."""
         message = delivery.message
         if not claim.claimed:
-            await self._not_claimed(delivery, claim)
-            return
+            adopted = await self._own_claim(claim)
+            if adopted is None:
+                await self._not_claimed(delivery, claim)
+                return
+            claim = adopted
         state = JobState(claim.id, claim.attempt, delivery, time.monotonic())
         if claim.mark is not None and self.claim_acks is not None:
             # committed asynchronously: ack once the claim is durable; the job starts now
@@ -300,6 +304,35 @@ class JobRunner:
         finally:
             self.inflight.remove(state)
             self.metrics.jobs_in_flight.dec()
+
+    async def _own_claim(self, claim: ClaimResult) -> ClaimResult | None:
+        """A claim refused because the row is ``running`` under *our* worker id while we do
+        not run it: our own earlier try of this claim committed, and its answer was lost
+        with the connection (``until_db_ok`` retried it; a failover that kept the claim).
+        Acked as a duplicate, the job would wait a lease and the reaper's hold with nobody
+        running it; adopted, it runs now. None: not ours (ack it as a duplicate).
+
+        Rare (only refused ``running`` claims pay the two statements): a barrier first, so
+        that the claim read is durable (it may have committed asynchronously), then its
+        row, at this claim's attempt."""
+        if claim.status != "running" or self.inflight.get(claim.id) is not None:
+            return None
+
+        async def read() -> Any:
+            await self.store.claims.durability_barrier()
+            return (await self.store.claims.verify_claims([claim.id])).get(claim.id)
+
+        row = await self.writer.until_db_ok(read)
+        if (
+            row is None
+            or row["status"] != "running"
+            or row["worker_id"] != self.settings.worker_id
+            or row["attempt"] != claim.attempt
+            or self.inflight.get(claim.id) is not None
+        ):
+            return None
+        log.warning("claim_adopted", job_id=claim.id, attempt=claim.attempt)
+        return dataclasses.replace(claim, claimed=True, mark=None)
 
     def _claim_request(self, delivery: Delivery) -> ClaimRequest:
         return delivery.envelope.resolved(delivery.spec, self.settings.max_attempts)
