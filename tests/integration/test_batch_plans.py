@@ -23,7 +23,7 @@ BATCH = 20
 def claim_args(ids: list[str]) -> list[Any]:
     n = len(ids)
     return [ids, ["noop"] * n, ["default"] * n, ["default"] * n, ["{}"] * n, [0] * n,
-            [3] * n, [None] * n, [None] * n, 300.0, "w1"]  # fmt: skip
+            [3] * n, [None] * n, [None] * n, 300.0, "w1", [None] * n, [None] * n]  # fmt: skip
 
 
 def complete_args(ids: list[str]) -> list[Any]:
