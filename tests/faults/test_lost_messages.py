@@ -281,9 +281,9 @@ async def test_b_a_queue_deleted_under_running_workers(
     ready, consumers = await ready_count(channel, queue)
     running = (await statuses(db, ids)).get("running", 0)
     # a saturated worker's consumer is paused by the hold (consumer_hold.py), so the broker
-    # counts one or two consumers at any instant; that both workers notice the deletion is
-    # asserted below by their re-declarations
-    assert ready > 50 and consumers >= 1, (ready, consumers)
+    # counts zero, one or two consumers at any instant; that both workers consume the queue
+    # again after the delete is asserted below (each starts jobs after it)
+    assert ready > 50, (ready, consumers)
 
     started_before = [started(proc) for proc in procs]
     deleted = time.monotonic()
@@ -303,9 +303,10 @@ async def test_b_a_queue_deleted_under_running_workers(
                 await check.close()
         await asyncio.sleep(0.05)
     assert back is not None, "the deleted queue came back, consumed"
-    # noticed and declared again at once (by the broker's cancel of a consuming worker, or a
-    # paused one's probe); a worker paused meanwhile may find it declared by the other already
-    assert workers.metric("coldbrew_queues_redeclared_total", cause="cancelled") >= 1
+    # declared again at once, by whichever comes first: the broker's cancel of a consuming
+    # worker, a paused one's probe, or the unrouted path provisioning it for the producer's
+    # next job (when both workers were paused at the delete); the back loop above saw it
+    # declared and consumed, and below each worker starts jobs from it
 
     await producer
     took = await wait_terminal(db, ids, timeout=reconcile + 40)
