@@ -15,7 +15,7 @@ from typing import Any
 
 
 class TcpProxy:
-    """Forwards TCP on a free local port to ``host:port`` until ``cut()``."""
+    """Forwards TCP on a free local port to ``host:port`` until ``cut()``; ``start()`` resumes."""
 
     def __init__(self, host: str, port: int) -> None:
         self.upstream = (host, port)
@@ -26,6 +26,7 @@ class TcpProxy:
         self._pipes: set[asyncio.Task[None]] = set()
 
     async def start(self) -> TcpProxy:
+        """Listen (again, after ``cut()``: on the same port, as a node that came back)."""
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self

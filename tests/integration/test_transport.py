@@ -21,78 +21,32 @@ from coldbrew.errors import BrokerUnavailable
 from coldbrew.model import JobFields
 from coldbrew.topology import Topology
 from coldbrew.transport import Broker, Inbound
+from tests.failover_proxy import TcpProxy
 from tests.helpers import AMQP_URL, drop_broker_entities, read_dead_letters, wait_until
 
 UPSTREAM = urlsplit(AMQP_URL)
 
 
-class CuttableProxy:
-    """Forwards TCP to RabbitMQ until ``cut()``; refuses connections until ``resume()``."""
-
-    def __init__(self) -> None:
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._writers: list[asyncio.StreamWriter] = []
-        self._pipes: set[asyncio.Task[None]] = set()
-
-    async def resume(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def cut(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-        for writer in self._writers:
-            writer.transport.abort()
-        self._writers.clear()
-
-    async def close(self) -> None:
-        await self.cut()
-        for pipe in self._pipes:
-            pipe.cancel()
-        await asyncio.gather(*self._pipes, return_exceptions=True)
-
-    def url(self) -> str:
-        """``AMQP_URL`` with its host and port replaced by the proxy's."""
-        user, at, _ = UPSTREAM.netloc.rpartition("@")
-        return UPSTREAM._replace(netloc=f"{user}{at}127.0.0.1:{self.port}").geturl()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(
-            UPSTREAM.hostname, UPSTREAM.port or 5672
-        )
-        self._writers += [writer, up_writer]
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            pipe = asyncio.create_task(self._pipe(source, sink))
-            self._pipes.add(pipe)
-            pipe.add_done_callback(self._pipes.discard)
-
-    @staticmethod
-    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        try:
-            while data := await source.read(65536):
-                sink.write(data)
-                await sink.drain()
-        except ConnectionError:
-            pass  # the other side was cut
-        finally:
-            sink.close()
+def proxied_url(proxy: TcpProxy) -> str:
+    """``AMQP_URL`` with its host and port replaced by the proxy's."""
+    user, at, _ = UPSTREAM.netloc.rpartition("@")
+    return UPSTREAM._replace(netloc=f"{user}{at}127.0.0.1:{proxy.port}").geturl()
 
 
 @pytest.fixture
-async def proxy() -> AsyncIterator[CuttableProxy]:
-    cuttable = CuttableProxy()
-    await cuttable.resume()
+async def proxy() -> AsyncIterator[TcpProxy]:
+    cuttable = await TcpProxy(UPSTREAM.hostname or "127.0.0.1", UPSTREAM.port or 5672).start()
     yield cuttable
     await cuttable.close()
 
 
 @pytest.fixture
-async def broker(namespace: str, proxy: CuttableProxy) -> AsyncIterator[Broker]:
+async def broker(namespace: str, proxy: TcpProxy) -> AsyncIterator[Broker]:
     broker = Broker(
-        proxy.url(), Topology(namespace), name=f"transport-{namespace}", reconnect_interval=0.3
+        proxied_url(proxy),
+        Topology(namespace),
+        name=f"transport-{namespace}",
+        reconnect_interval=0.3,
     )
     await broker.connect(prefetch=10)
     await broker.declare_job_queue("default", "t1")
@@ -149,7 +103,7 @@ async def test_reject_sends_a_delivery_to_the_dead_letter_exchange(
 
 
 async def test_in_an_outage_calls_raise_broker_unavailable_or_answer_false(
-    broker: Broker, proxy: CuttableProxy
+    broker: Broker, proxy: TcpProxy
 ) -> None:
     got = await consume(broker)
     for index in range(3):
@@ -172,7 +126,7 @@ async def test_in_an_outage_calls_raise_broker_unavailable_or_answer_false(
             broker.sweep_queue(broker.topology.job_queue("default", "t1"), limit=5), timeout=10
         )
 
-    await proxy.resume()
+    await proxy.start()  # the same port again
     redelivered = [await asyncio.wait_for(got.get(), timeout=20) for _ in range(3)]
     assert sorted(m.message_id or "" for m in redelivered) == ["j0", "j1", "j2"]
     assert all(m.redelivered for m in redelivered)
