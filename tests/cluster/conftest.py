@@ -15,9 +15,10 @@ import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 
-from coldbrew.migrate import migrate
+from coldbrew.migrate import migrate, quote_ident
 from tests.cluster.scenario import Cluster, cleanup_cluster_namespace
 from tests.faults.harness import prepare_tables
 from tests.helpers import new_namespace
@@ -38,6 +39,39 @@ def cluster() -> Iterator[Cluster]:
     finally:
         if not was_up:
             running.ctl("down")
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """The cluster's PostgreSQL pair only, for the tests that need no broker: ``pg-up``
+    does not wait for the RabbitMQ nodes, whose ``rabbitmqctl`` calls time out on a
+    loaded machine. A pair this fixture created is stopped at the end of the session."""
+    running = Cluster(SCRIPT)
+    was_up = running.directory_exists()
+    try:
+        running.up_pg()
+    except subprocess.CalledProcessError as exc:
+        pytest.fail(f"scripts/cluster pg-up failed ({exc.returncode}): {exc.stderr[-2000:]}")
+    try:
+        yield running
+    finally:
+        if not was_up:
+            running.ctl("down")
+
+
+@pytest.fixture
+async def pg_namespace(pg_cluster: Cluster) -> AsyncIterator[str]:
+    """A namespace migrated on the pair's primary, the pair healed first (its standby
+    synchronous); its schema is dropped afterwards."""
+    await asyncio.to_thread(pg_cluster.up_pg)  # heal what the last test broke
+    name = new_namespace()
+    await migrate(pg_cluster.database_url, name)
+    yield name
+    conn = await asyncpg.connect(pg_cluster.database_url)
+    try:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(name)} CASCADE")
+    finally:
+        await conn.close()
 
 
 @pytest.fixture

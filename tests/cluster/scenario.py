@@ -54,6 +54,13 @@ class Cluster:
         self.database_url = env["COLDBREW_DATABASE_URL"]
         self.directory = Path(env["COLDBREW_CLUSTER_DIR"])
 
+    def up_pg(self) -> None:
+        """``pg-up``: heal the PostgreSQL pair only (standby synchronous again); the
+        RabbitMQ nodes are neither started nor waited for."""
+        env = dict(line.split("=", 1) for line in self.ctl("pg-up").splitlines() if "=" in line)
+        self.database_url = env["COLDBREW_DATABASE_URL"]
+        self.directory = Path(env["COLDBREW_CLUSTER_DIR"])
+
     def directory_exists(self) -> bool:
         env = dict(line.split("=", 1) for line in self.ctl("env").splitlines() if "=" in line)
         return Path(env["COLDBREW_CLUSTER_DIR"]).exists()
