@@ -103,6 +103,7 @@ class Config:
     hol_variants: list[str]
     hol_timeout: float
     leader_tenants: int
+    probe_burst: int
 
 
 # --- the two layouts -------------------------------------------------------------------------
@@ -253,6 +254,8 @@ class Consumer:
         self.done: collections.Counter[str] = collections.Counter()
         self.wakeup = asyncio.Condition()
         self.requeued = 0
+        self.deliveries = 0
+        self.watched_index: int | None = None
         self.max_delivery_count = 0
         self.started_at = 0.0
         self.ready_seconds = 0.0
@@ -286,6 +289,9 @@ class Consumer:
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         tenant = (message.routing_key or "").split(".")[1]
+        self.deliveries += 1
+        if tenant == self.watch_tenant and self.watched_index is None:
+            self.watched_index = self.deliveries
         count = (message.headers or {}).get("x-delivery-count", 0)
         if isinstance(count, int):
             self.max_delivery_count = max(self.max_delivery_count, count)
@@ -499,6 +505,63 @@ async def head_of_line(
     return result
 
 
+async def requeue_order(cfg: Config, delivery_limit: bool) -> dict[str, Any]:
+    """Where 3.10.8 puts a rejected-with-requeue message of a quorum queue: ``--probe-burst``
+    of ``t0``'s ahead of ``t1``'s one in a single queue, the HOL consumer with the hold bound.
+
+    With coldbrew's arguments (``x-delivery-limit`` and at-least-once dead-lettering) a
+    returned message is delivered again before the rest of the queue, so the bound cannot
+    skim past a burst; without a delivery limit it goes behind what is queued. Only the
+    first is an option for coldbrew (a limit bounds a crash loop; 4.0 defaults it to 20).
+    """
+    topo = Topology(f"bql_{secrets.token_hex(3)}_order", "quorum", 1)
+    name = f"{topo.namespace}.qq.{LANE}.p0-9"
+    arguments: dict[str, Any] = (
+        topo.job_queue_arguments() if delivery_limit else {"x-queue-type": "quorum"}
+    )
+    connection = await aio_pika.connect(cfg.amqp_url)
+    channel = await connection.channel()
+    try:
+        await channel.declare_exchange(
+            topo.dead_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        await channel.declare_exchange(
+            topo.jobs_exchange, aio_pika.ExchangeType.TOPIC, durable=True
+        )
+        queue = await channel.declare_queue(name, durable=True, arguments=arguments)
+        await queue.bind(topo.jobs_exchange, routing_key=f"{LANE}.*.*")
+        keys = [f"{LANE}.t0.0"] * cfg.probe_burst + [f"{LANE}.t1.0"]
+        await publish(cfg.amqp_url, topo.jobs_exchange, keys)
+        consumer = Consumer(
+            cfg.amqp_url,
+            [name],
+            prefetch=cfg.prefetch,
+            concurrency=cfg.concurrency,
+            work=cfg.work_ms / 1000,
+            hold_bound=cfg.hold_bound,
+            watch_tenant="t1",
+        )
+        try:
+            await consumer.start()
+            drained = await consumer.wait_for(len(keys), cfg.hol_timeout)
+        finally:
+            await consumer.close()
+        return {
+            "delivery_limit": delivery_limit,
+            "burst": cfg.probe_burst,
+            "other_tenant_delivered_seconds": consumer.watched_delivered,
+            "deliveries_until_other_tenant": consumer.watched_index,
+            "burst_drain_seconds": drained,
+            "requeued": consumer.requeued,
+            "max_delivery_count": consumer.max_delivery_count,
+        }
+    finally:
+        await channel.queue_delete(name)
+        await channel.exchange_delete(topo.jobs_exchange)
+        await channel.exchange_delete(topo.dead_exchange)
+        await connection.close()
+
+
 async def one_run(cfg: Config, name: str) -> dict[str, Any]:
     namespace = f"bql_{secrets.token_hex(3)}_{name.replace('-', '')}"
     layout = Layout(name, Topology(namespace, "quorum", cfg.bands), cfg.tenants)
@@ -619,6 +682,10 @@ async def run(cfg: Config) -> dict[str, Any]:
             k: Spread.of([r[k] for r in results if isinstance(r.get(k), int | float)]).as_dict()
             for k in sorted(numeric)
         }
+    order = []
+    for delivery_limit in (True, False) if cfg.probe_burst else ():
+        order.append(await requeue_order(cfg, delivery_limit))
+        progress(f"requeue order: {json.dumps(order[-1])}")
     leaders = []
     if cfg.leader_tenants:
         for locator in ("client-local", "balanced"):
@@ -639,6 +706,7 @@ async def run(cfg: Config) -> dict[str, Any]:
         "runs": runs,
         "summary": summary,
         "leader_spread": leaders,
+        "requeue_order": order,
     }
 
 
@@ -653,6 +721,8 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"  {key:44} {value['median']:>10} ({value['min']} .. {value['max']})")
         for run_ in result["runs"][name]:
             lines.append(f"  leaders: {run_['leaders']}")
+    for probe in result["requeue_order"]:
+        lines.append(f"== requeue order: {json.dumps(probe)}")
     for spread in result["leader_spread"]:
         lines.append(f"== leaders, {spread['locator']}: {json.dumps(spread)}")
     return "\n".join(lines)
@@ -674,6 +744,13 @@ def main() -> int:
     parser.add_argument("--hol-variants", default="fifo,requeue")
     parser.add_argument("--hol-timeout", type=float, default=180.0)
     parser.add_argument("--leader-tenants", type=int, default=0)
+    parser.add_argument(
+        "--probe-burst",
+        type=int,
+        default=2000,
+        help="the requeue-order probe's burst, on one queue with and without a delivery limit"
+        " (0: skip it)",
+    )
     parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5681/")
     parser.add_argument(
         "--nodes",
@@ -682,7 +759,7 @@ def main() -> int:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    layouts = args.layouts.split(",")
+    layouts = [name for name in args.layouts.split(",") if name]
     if unknown := set(layouts) - set(LAYOUTS):
         parser.error(f"unknown layouts {sorted(unknown)}; choose from {LAYOUTS}")
     if "5672" in args.amqp_url:
@@ -706,6 +783,7 @@ def main() -> int:
             hol_variants=[v for v in args.hol_variants.split(",") if v],
             hol_timeout=args.hol_timeout,
             leader_tenants=args.leader_tenants,
+            probe_burst=args.probe_burst,
         )
 
     return run_main(
