@@ -31,8 +31,9 @@ For each layout (``--layouts per-tenant,per-lane``), on a fresh namespace:
    ``--concurrency`` slots, picking among what it holds round-robin by tenant.
    Variants (``--hol-variants``): ``fifo`` holds whatever the prefetch brings;
    ``requeue`` keeps at most ``--hold-bound`` unacked deliveries per tenant and
-   rejects with requeue beyond it (3.10.8 puts a requeued quorum message behind
-   the messages already queued, so the consumer skims past the burst). Measured:
+   rejects with requeue beyond it (meant to skim past the burst; but 3.10.8
+   redelivers a requeued message first when the queue has a delivery limit, as
+   coldbrew's have: see ``requeue_order`` and ``--probe-burst``). Measured:
    ``t1``'s wait from the consumer's start to its job's start, the burst's drain
    time, requeues, the highest ``x-delivery-count`` seen (the queues dead-letter
    at coldbrew's limit of 1,000), broker CPU per node;
