@@ -216,6 +216,21 @@ def test_conf_respects_the_deployment(conf: dict[str, str]) -> None:
             assert not value.startswith("127.0.0.1"), key
 
 
+def test_quorum_leaders_are_balanced_by_the_node_not_by_a_queue_argument(
+    conf: dict[str, str],
+) -> None:
+    """Leaders spread over the nodes (3.10's schema maps queue_leader_locator), never per queue:
+    an x-queue-leader-locator argument would make re-declaring existing quorum queues fail."""
+    assert conf["queue_leader_locator"] == "balanced"
+    quorum = TOPOLOGY.other("quorum")
+    for arguments in (
+        quorum.job_queue_arguments(),
+        quorum.unrouted_queue_arguments(),
+        quorum.dead_queue_arguments(),
+    ):
+        assert "x-queue-leader-locator" not in arguments
+
+
 def test_conf_names_the_definitions_file() -> None:
     """The comments show the load_definitions line an operator would use, left unset."""
     text = CONF.read_text(encoding="utf-8")
