@@ -35,6 +35,12 @@ class RateTokens:
         rows = await self._conn.fetch(QUERIES["lock_rate_buckets"].text, list(keys))
         return {row["key"]: float(row["backlog"]) for row in rows}
 
+    async def peek(self, key: str) -> float:
+        """Bucket ``key``'s backlog (s) now, read without a lock (0: no bucket yet). Claims
+        only move a bucket's time on, so a backlog past the tolerance stays a refusal."""
+        backlog = await self._conn.fetchval(QUERIES["peek_rate_bucket"].text, key)
+        return float(backlog or 0.0)
+
     async def take_one(self, key: str, interval: float, tau: float) -> tuple[float | None, float]:
         """Take a token of bucket ``key`` if one is due (GCRA: emission interval and
         tolerance in seconds): ``(backlog left, _)``, or ``(None, backlog seen)`` refused."""
