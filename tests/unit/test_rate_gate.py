@@ -119,3 +119,99 @@ async def test_drain_gives_back_held_deliveries_and_stops_the_timers() -> None:
     assert [p.payload for p in h.gate.drain()] == [pending.payload]
     assert h.gate.waiting() == 0
     assert not any(state.timer for state in h.gate._buckets.values())
+
+
+def spared(job_id: str, key: str, wait: float, spare: int) -> ClaimResult:
+    result = claimed(job_id, {key: wait})
+    result.rate_spare = {key: spare}
+    return result
+
+
+def in_flight(h: Harness, bucket: Bucket, first: int) -> int:
+    """Begin claims of new deliveries of the tenant's bucket until it is blocked; how many."""
+    n = 0
+    while not h.gate.tenant_blocked("t"):
+        assert h.gate.begin_claim(delivery(str(first + n)), (bucket,))
+        n += 1
+    return n
+
+
+async def test_a_refusal_leaves_one_claim_in_flight_until_a_claim_finds_tokens_to_spare() -> None:
+    """Four claims at each due token made four in five refusals (bench/ratelimit.py): after
+    a refusal one claim goes at a time; a claim that left tokens lets that many go."""
+    h = Harness()
+    bucket = Bucket("tenant", "tenant:t", Rate(50, 5))
+    assert in_flight(h, bucket, 0) == 4  # nothing known: min(burst, RATE_INFLIGHT)
+    assert not h.gate.contested((bucket,))
+    refused = delivery("0")
+    h.gate._claiming["0"] = (refused, (bucket,))  # the first claim's delivery, refused
+    h.gate.park(refused, RateLimited("tenant", bucket.key, 0.01), time.monotonic())
+    for i in (1, 2, 3):
+        h.gate.claim_over(h.gate._claiming[str(i)][0])
+    assert h.gate.contested((bucket,))  # the next single-limit claim reads the bucket first
+    await asyncio.sleep(0.03)
+    assert in_flight(h, bucket, 10) == 1
+    h.gate.claim_done(spared("10", bucket.key, 0.0, 3), time.monotonic())
+    assert not h.gate.contested((bucket,))
+    # tokens to spare: the bucket is not contested, and (idle here) as many go as before
+    assert in_flight(h, bucket, 20) == 4
+
+
+async def test_a_claim_that_left_tokens_lets_that_many_claims_go() -> None:
+    h = Harness()
+    bucket = Bucket("tenant", "tenant:t", Rate(50, 5))
+    refused = delivery("0")
+    assert h.gate.begin_claim(refused, (bucket,))
+    h.gate.park(refused, RateLimited("tenant", bucket.key, 0.01), time.monotonic())
+    await asyncio.sleep(0.03)
+    assert in_flight(h, bucket, 10) == 1
+    h.gate.claim_done(spared("10", bucket.key, 0.0, 2), time.monotonic())
+    assert in_flight(h, bucket, 20) == 4  # the state was idle: forgotten, not contested
+    h.gate.claim_done(spared("20", bucket.key, 0.0, 1), time.monotonic())
+    # one token left and three claims in flight: no other claim until none is in flight
+    assert h.gate.tenant_blocked("t")
+    for i in (21, 22):
+        h.gate.claim_over(h.gate._claiming[str(i)][0])
+        assert h.gate.tenant_blocked("t")
+    h.gate.claim_over(h.gate._claiming["23"][0])
+    assert not h.gate.tenant_blocked("t")
+
+
+async def test_a_claim_that_took_the_last_token_makes_the_bucket_contested() -> None:
+    h = Harness()
+    bucket = Bucket("tenant", "tenant:t", Rate(50, 5))
+    assert in_flight(h, bucket, 0) == 4
+    h.gate.claim_done(spared("0", bucket.key, 0.02, 0), time.monotonic())
+    assert h.gate.contested((bucket,))
+    for i in (1, 2, 3):
+        h.gate.claim_over(h.gate._claiming[str(i)][0])
+    await asyncio.sleep(0.03)
+    assert in_flight(h, bucket, 10) == 1
+
+
+async def test_contested_outlives_the_forgotten_bucket_until_a_burst_is_back() -> None:
+    """An idle bucket's state is dropped (a tenant's deliveries wait in the scheduler), but
+    that it was contested is kept until a whole burst could have come back untaken."""
+    h = Harness()
+    bucket = Bucket("tenant", "tenant:t", Rate(50, 5))  # a burst comes back in 0.1 s
+    pending = delivery("0")
+    assert h.gate.begin_claim(pending, (bucket,))
+    h.gate.park(pending, RateLimited("tenant", bucket.key, 0.01), time.monotonic())
+    await asyncio.sleep(0.03)
+    assert not h.gate.active  # the bucket's state is gone
+    assert h.gate.contested((bucket,))
+    assert in_flight(h, bucket, 10) == 1
+    h.gate.claim_over(h.gate._claiming["10"][0])
+    await asyncio.sleep(0.1)
+    assert not h.gate.contested((bucket,))
+    assert in_flight(h, bucket, 20) == 4
+
+
+def test_only_a_single_limit_claim_peeks() -> None:
+    h = Harness()
+    tenant = Bucket("tenant", "tenant:t", Rate(50, 5))
+    kind = Bucket("type", "type:fetch", Rate(50, 5))
+    h.gate._contest(tenant, 1.0)
+    assert h.gate.contested((tenant,))
+    assert not h.gate.contested((tenant, kind))  # several limits: locked and read in one go
+    assert not h.gate.contested(())

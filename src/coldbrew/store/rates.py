@@ -9,7 +9,10 @@ lock the job's buckets and read their backlogs (``lock_rate_buckets``, one
 statement that also creates missing buckets), claim (``claim_batch``), and,
 when the job was claimed, store the buckets' new arrival times
 (``take_rate_tokens``). The row locks serialize the fleet's claims of one
-bucket, so two workers cannot take the same token. What the backlogs mean is
+bucket, so two workers cannot take the same token. A contested bucket is first
+read without a lock (``peek_rate_bucket``): a backlog past the tolerance is a
+refusal that no claim can undo, so it needs no claim and waits for no lock.
+What the backlogs mean is
 decided in ``coldbrew.ratelimit`` (pure) and ``coldbrew.rates.claim``.
 """
 
