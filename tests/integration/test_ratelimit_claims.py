@@ -114,3 +114,50 @@ async def test_a_peek_refusal_does_not_wait_for_the_bucket_lock(
         assert time.perf_counter() - began < 1.0
     finally:
         await holder.close()
+
+
+async def test_a_contested_claim_refuses_while_another_claim_takes_the_token(
+    client: Client, settings: Settings
+) -> None:
+    """A token is due but another worker's claim holds the bucket's row (it is taking that
+    token): the contested claim takes the token first with SKIP LOCKED, so it refuses at
+    once, told to come back an interval later, instead of waiting in its job slot."""
+    caps = client.store.caps
+    bucket = Bucket("tenant", "tenant:t", Rate(1, 1))
+    holder = await asyncpg.connect(DATABASE_URL)
+    try:
+        table = f'"{settings.namespace}".rate_buckets'
+        await holder.execute(f"INSERT INTO {table} (key, tat) VALUES ($1, now())", bucket.key)
+        await holder.execute("BEGIN")
+        await holder.execute(f"SELECT 1 FROM {table} WHERE key = $1 FOR UPDATE", bucket.key)
+        waiting = request()
+        began = time.perf_counter()
+        refused = await asyncio.wait_for(
+            claim_one_token(caps, waiting, bucket, peek=True), timeout=5
+        )
+        assert time.perf_counter() - began < 1.0
+        assert isinstance(refused, RateLimited) and 0.5 < refused.wait <= 1.0
+        assert (await client.store.jobs.get_job(waiting.id)).status == "queued"
+    finally:
+        await holder.close()
+    claimed = await claim_one_token(caps, waiting, bucket, peek=True, recorded=True)
+    assert isinstance(claimed, ClaimResult) and claimed.claimed  # the lock gone: the token
+
+
+async def test_a_contested_duplicate_gives_its_token_back(
+    client: Client, settings: Settings
+) -> None:
+    """The contested claim takes the token before it claims: a duplicate delivery (its job
+    runs elsewhere) rolls the token back, as the claim-first order never took it."""
+    caps = client.store.caps
+    bucket = Bucket("tenant", "tenant:t", Rate(100, 1))
+    running = request()
+    assert isinstance(await claim_one_token(caps, running, bucket), ClaimResult)
+    await asyncio.sleep(0.05)  # the next token is due
+    tat = await bucket_tat(settings.namespace, bucket.key)
+    duplicate = await claim_one_token(caps, request(job_id=running.id), bucket, peek=True)
+    assert isinstance(duplicate, ClaimResult)
+    assert not duplicate.claimed and duplicate.status == "running"
+    assert await bucket_tat(settings.namespace, bucket.key) == tat
+    other = await claim_one_token(caps, request(), bucket, peek=True)
+    assert isinstance(other, ClaimResult) and other.claimed  # the token was still there

@@ -18,8 +18,12 @@ job slot, and two workers waiting for the same token both ask when it is
 due. So a *contested* single-limit claim (``peek``: the gate's last answer
 for the bucket was a refusal or took its last token) first reads the
 bucket without a lock (``RateTokens.peek``) and refuses at once when no
-token is due -- one light statement instead of a claim rolled back -- and a
-delivery already recorded as waiting (``recorded``) is not recorded again.
+token is due -- one light statement instead of a claim rolled back --; when
+one is due it takes the token *before* it claims, locking the bucket with
+SKIP LOCKED (``_take_then_claim``), so that a claim racing another worker's
+for the same token refuses at once instead of waiting behind that claim's
+lock; a duplicate rolls its token back. A delivery already recorded as
+waiting (``recorded``) is not recorded again.
 A claim that took its tokens says how many each bucket had left
 (``rate_spare``), which bounds how many claims the gate sends next.
 """
@@ -136,11 +140,17 @@ async def claim_one_token(
             backlog = await session.tokens.peek(bucket.key)
             if backlog > tau + EPSILON:
                 limited = RateLimited(bucket.kind, bucket.key, max(backlog - tau, MIN_WAIT))
-                if recorded:  # a duplicate shows at the claim once the token is due
-                    return limited
-                await session.register_waiting(request)
-                result, claimable = await session.claimability(request.id)
-                return limited if claimable else result
+                return await _refused(session, request, limited, recorded=recorded)
+            try:
+                async with session.transaction():
+                    return await _take_then_claim(session, request, bucket)
+            except _Refused as refused:  # rolled back: no token, or another claim taking it
+                limited = RateLimited(bucket.kind, bucket.key, max(refused.wait, MIN_WAIT))
+                return await _refused(session, request, limited, recorded=recorded)
+            except _NotClaimed as duplicate:  # rolled back: the token is not spent on it
+                return duplicate.result
+            except _NoBucket:  # pruned since the peek: the upsert below creates it
+                pass
         try:
             async with session.transaction():
                 return await _claim_then_take(session, request, bucket)
@@ -151,6 +161,60 @@ async def claim_one_token(
         if not recorded:
             await session.register_waiting(request)
     return RateLimited(bucket.kind, bucket.key, wait)
+
+
+class _Refused(Exception):
+    """The contested take found no token, or another claim holding the bucket: roll back."""
+
+    def __init__(self, wait: float) -> None:
+        super().__init__(wait)
+        self.wait = wait
+
+
+class _NotClaimed(Exception):
+    """The token was taken but the job is not claimable (a duplicate): roll the token back."""
+
+    def __init__(self, result: ClaimResult) -> None:
+        super().__init__(result.id)
+        self.result = result
+
+
+class _NoBucket(Exception):
+    """The contested take found no bucket row (none yet, or pruned): claim the usual way."""
+
+
+async def _take_then_claim(session: CapClaim, request: ClaimRequest, bucket: Bucket) -> ClaimResult:
+    """A contested bucket, inside the transaction: the token first, then the claim.
+
+    The bucket's row is locked with SKIP LOCKED: when another claim holds it,
+    that claim is taking the due token, so this one refuses at once instead of
+    waiting behind it in a job slot (the next token is due one interval after
+    the one being taken). Judged at the transaction's time, as ``started_at``."""
+    rate = bucket.rate
+    tau = rate.interval * (rate.burst - 1)
+    taken, mine, seen = await session.tokens.take_first(bucket.key, rate.interval, tau + EPSILON)
+    if seen is None:
+        raise _NoBucket
+    if taken is None:
+        raise _Refused(seen + rate.interval - tau if mine is None else mine - tau)
+    result = await session.claim(request)
+    if not result.claimed:
+        raise _NotClaimed(result)
+    result.rate_waits = {bucket.key: max(0.0, taken - tau)}
+    result.rate_spare = {bucket.key: spare_tokens(taken, rate)}
+    return result
+
+
+async def _refused(
+    session: CapClaim, request: ClaimRequest, limited: RateLimited, *, recorded: bool
+) -> ClaimResult | RateLimited:
+    """Record a refused job as waiting (unless ``recorded``) and answer ``limited``, or its
+    row's answer when it is finished or held elsewhere (a duplicate)."""
+    if recorded:  # a duplicate shows at the claim once the token is due
+        return limited
+    await session.register_waiting(request)
+    result, claimable = await session.claimability(request.id)
+    return limited if claimable else result
 
 
 async def _claim_then_take(session: CapClaim, request: ClaimRequest, bucket: Bucket) -> ClaimResult:

@@ -20,7 +20,9 @@ futile claims -- the shape of the cap gate (caps/gate.py):
   four claims per worker sent at each due token, four in five were refused,
   ~7% of the neighbour's slots). After a refusal, or a claim that took the
   bucket's last token, one claim at a time is sent (``most``), and it first
-  reads the bucket without a lock (``contested``: ``claim_one_token(peek)``);
+  reads the bucket without a lock, then takes a due token before it claims,
+  refusing at once when another claim holds the bucket (``contested``:
+  ``claim_one_token(peek)``);
   a claim that finds tokens to spare (``rate_spare``) lets as many go again,
   up to ``min(burst, RATE_INFLIGHT)``.
 - **Waiting without a slot, until the token is due.** A claim refused with

@@ -44,6 +44,17 @@ class RateTokens:
         backlog = await self._conn.fetchval(QUERIES["peek_rate_bucket"].text, key)
         return float(backlog or 0.0)
 
+    async def take_first(
+        self, key: str, interval: float, tau: float
+    ) -> tuple[float | None, float | None, float | None]:
+        """Take a token of bucket ``key`` before the claim, unless another claim holds its
+        row: ``(backlog left or None, backlog under our lock or None: locked elsewhere,
+        last committed backlog or None: no bucket yet)``."""
+        row = await self._conn.fetchrow(QUERIES["take_rate_token_first"].text, key, interval, tau)
+        if row is None:  # a SELECT of three subqueries always has its row
+            raise RuntimeError("take_rate_token_first returned no row")
+        return row["taken_backlog"], row["mine_backlog"], row["seen_backlog"]
+
     async def take_one(self, key: str, interval: float, tau: float) -> tuple[float | None, float]:
         """Take a token of bucket ``key`` if one is due (GCRA: emission interval and
         tolerance in seconds): ``(backlog left, _)``, or ``(None, backlog seen)`` refused."""
