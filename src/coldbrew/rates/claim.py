@@ -31,6 +31,7 @@ A claim that took its tokens says how many each bucket had left
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -75,6 +76,11 @@ class RateLimited:
     kind: RateKind
     key: str
     wait: float
+    measured_at: float = 0.0
+    """``time.monotonic()`` just before the statement whose clock ``wait`` counts from (0:
+    unknown; the gate counts from the claim's start). Counted from the claim's start, a
+    wait ends early by the pool's and the round trips' time, and the early claim is
+    refused again."""
 
 
 def spare_tokens(backlog: float, rate: Rate) -> int:
@@ -137,30 +143,35 @@ async def claim_one_token(
     tau = bucket.rate.interval * (bucket.rate.burst - 1)
     async with caps.claim_session() as session:
         if peek:
+            measured = time.monotonic()
             backlog = await session.tokens.peek(bucket.key)
             if backlog > tau + EPSILON:
-                limited = RateLimited(bucket.kind, bucket.key, max(backlog - tau, MIN_WAIT))
+                wait = max(backlog - tau, MIN_WAIT)
+                limited = RateLimited(bucket.kind, bucket.key, wait, measured)
                 return await _refused(session, request, limited, recorded=recorded)
+            measured = time.monotonic()  # the transaction's now() is a little later
             try:
                 async with session.transaction():
-                    return await _take_then_claim(session, request, bucket)
+                    return await _take_then_claim(session, request, bucket, measured)
             except _Refused as refused:  # rolled back: no token, or another claim taking it
-                limited = RateLimited(bucket.kind, bucket.key, max(refused.wait, MIN_WAIT))
+                wait = max(refused.wait, MIN_WAIT)
+                limited = RateLimited(bucket.kind, bucket.key, wait, measured)
                 return await _refused(session, request, limited, recorded=recorded)
             except _NotClaimed as duplicate:  # rolled back: the token is not spent on it
                 return duplicate.result
             except _NoBucket:  # pruned since the peek: the upsert below creates it
                 pass
+        measured = time.monotonic()
         try:
             async with session.transaction():
-                return await _claim_then_take(session, request, bucket)
+                return await _claim_then_take(session, request, bucket, measured)
         except _NoToken as refused:  # rolled back: the job is not claimed
             wait = max(refused.seen - tau, MIN_WAIT)
         # the rolled-back claim found the job claimable (no duplicate): record it as
         # waiting, on the same connection, and hold its delivery
         if not recorded:
             await session.register_waiting(request)
-    return RateLimited(bucket.kind, bucket.key, wait)
+    return RateLimited(bucket.kind, bucket.key, wait, measured)
 
 
 class _Refused(Exception):
@@ -183,7 +194,9 @@ class _NoBucket(Exception):
     """The contested take found no bucket row (none yet, or pruned): claim the usual way."""
 
 
-async def _take_then_claim(session: CapClaim, request: ClaimRequest, bucket: Bucket) -> ClaimResult:
+async def _take_then_claim(
+    session: CapClaim, request: ClaimRequest, bucket: Bucket, measured: float
+) -> ClaimResult:
     """A contested bucket, inside the transaction: the token first, then the claim.
 
     The bucket's row is locked with SKIP LOCKED: when another claim holds it,
@@ -202,6 +215,7 @@ async def _take_then_claim(session: CapClaim, request: ClaimRequest, bucket: Buc
         raise _NotClaimed(result)
     result.rate_waits = {bucket.key: max(0.0, taken - tau)}
     result.rate_spare = {bucket.key: spare_tokens(taken, rate)}
+    result.rate_measured_at = measured
     return result
 
 
@@ -217,7 +231,9 @@ async def _refused(
     return limited if claimable else result
 
 
-async def _claim_then_take(session: CapClaim, request: ClaimRequest, bucket: Bucket) -> ClaimResult:
+async def _claim_then_take(
+    session: CapClaim, request: ClaimRequest, bucket: Bucket, measured: float
+) -> ClaimResult:
     """Inside the transaction: the claim, then (if it claimed) the token, or ``_NoToken``."""
     result = await session.claim(request)
     if not result.claimed:
@@ -229,6 +245,7 @@ async def _claim_then_take(session: CapClaim, request: ClaimRequest, bucket: Buc
         raise _NoToken(seen)
     result.rate_waits = {bucket.key: max(0.0, taken - tau)}
     result.rate_spare = {bucket.key: spare_tokens(taken, rate)}
+    result.rate_measured_at = measured
     return result
 
 

@@ -220,6 +220,7 @@ class RateGate:
             return
         waits = result.rate_waits or {}
         spares = result.rate_spare or {}
+        began = max(began, result.rate_measured_at or 0.0)  # nearer the statement's clock
         for bucket in entry[1]:
             state = self._buckets.get(bucket.key)
             if state is None:
@@ -259,6 +260,7 @@ class RateGate:
         its wait counted from the claim that began at ``began``): held, not nacked, and
         holding no job slot."""
         bucket = self._bucket_of(pending, limited.key)
+        began = max(began, limited.measured_at)  # nearer the statement's clock
         self.claim_over(pending)
         self._metrics.rate_limited.labels(limited.kind).inc()
         self._metrics.rate_wait_seconds.observe(limited.wait)
