@@ -136,57 +136,46 @@ def in_flight(h: Harness, bucket: Bucket, first: int) -> int:
     return n
 
 
-async def test_a_refusal_leaves_one_claim_in_flight_until_a_claim_finds_tokens_to_spare() -> None:
+async def test_a_contested_bucket_paces_its_claims_one_interval_apart() -> None:
     """Four claims at each due token made four in five refusals (bench/ratelimit.py): after
-    a refusal one claim goes at a time; a claim that left tokens lets that many go."""
+    a refusal the worker sends one claim per interval (the next token's), however long
+    each takes; a claim that found tokens to spare ends the pacing."""
     h = Harness()
-    bucket = Bucket("tenant", "tenant:t", Rate(50, 5))
+    bucket = Bucket("tenant", "tenant:t", Rate(20, 5))  # T = 0.05 s
     assert in_flight(h, bucket, 0) == 4  # nothing known: min(burst, RATE_INFLIGHT)
     assert not h.gate.contested((bucket,))
-    refused = delivery("0")
-    h.gate._claiming["0"] = (refused, (bucket,))  # the first claim's delivery, refused
-    h.gate.park(refused, RateLimited("tenant", bucket.key, 0.01), time.monotonic())
     for i in (1, 2, 3):
         h.gate.claim_over(h.gate._claiming[str(i)][0])
+    refused = h.gate._claiming["0"][0]
+    h.gate.park(refused, RateLimited("tenant", bucket.key, 0.01), time.monotonic())
     assert h.gate.contested((bucket,))  # the next single-limit claim reads the bucket first
     await asyncio.sleep(0.03)
-    assert in_flight(h, bucket, 10) == 1
+    assert in_flight(h, bucket, 10) == 1  # paced: the next one an interval on
+    await asyncio.sleep(0.02)
+    assert h.gate.tenant_blocked("t")
+    await asyncio.sleep(0.05)
+    assert in_flight(h, bucket, 20) == 1  # two in flight now, one interval apart
+    assert len(h.gate._claiming) == 2
     h.gate.claim_done(spared("10", bucket.key, 0.0, 3), time.monotonic())
     assert not h.gate.contested((bucket,))
-    # tokens to spare: the bucket is not contested, and (idle here) as many go as before
-    assert in_flight(h, bucket, 20) == 4
+    assert in_flight(h, bucket, 30) == 2  # tokens to spare: unpaced, up to three in flight
 
 
-async def test_a_claim_that_left_tokens_lets_that_many_claims_go() -> None:
+async def test_a_claim_that_took_the_last_token_paces_past_the_claims_in_flight() -> None:
+    """The next token is this worker's claim in flight's; the one after it is the next
+    claim's: the timer counts one interval more per claim in flight."""
     h = Harness()
-    bucket = Bucket("tenant", "tenant:t", Rate(50, 5))
-    refused = delivery("0")
-    assert h.gate.begin_claim(refused, (bucket,))
-    h.gate.park(refused, RateLimited("tenant", bucket.key, 0.01), time.monotonic())
-    await asyncio.sleep(0.03)
-    assert in_flight(h, bucket, 10) == 1
-    h.gate.claim_done(spared("10", bucket.key, 0.0, 2), time.monotonic())
-    assert in_flight(h, bucket, 20) == 4  # the state was idle: forgotten, not contested
-    h.gate.claim_done(spared("20", bucket.key, 0.0, 1), time.monotonic())
-    # one token left and three claims in flight: no other claim until none is in flight
-    assert h.gate.tenant_blocked("t")
-    for i in (21, 22):
-        h.gate.claim_over(h.gate._claiming[str(i)][0])
-        assert h.gate.tenant_blocked("t")
-    h.gate.claim_over(h.gate._claiming["23"][0])
-    assert not h.gate.tenant_blocked("t")
-
-
-async def test_a_claim_that_took_the_last_token_makes_the_bucket_contested() -> None:
-    h = Harness()
-    bucket = Bucket("tenant", "tenant:t", Rate(50, 5))
+    bucket = Bucket("tenant", "tenant:t", Rate(20, 5))  # T = 0.05 s
     assert in_flight(h, bucket, 0) == 4
-    h.gate.claim_done(spared("0", bucket.key, 0.02, 0), time.monotonic())
-    assert h.gate.contested((bucket,))
-    for i in (1, 2, 3):
+    for i in (2, 3):
         h.gate.claim_over(h.gate._claiming[str(i)][0])
-    await asyncio.sleep(0.03)
-    assert in_flight(h, bucket, 10) == 1
+    h.gate.claim_done(spared("0", bucket.key, 0.01, 0), time.monotonic())
+    assert h.gate.contested((bucket,))
+    assert h.gate.tenant_blocked("t")  # "1" is in flight: 0.01 + 0.05 s
+    await asyncio.sleep(0.035)
+    assert h.gate.tenant_blocked("t")
+    await asyncio.sleep(0.04)
+    assert not h.gate.tenant_blocked("t")
 
 
 async def test_contested_outlives_the_forgotten_bucket_until_a_burst_is_back() -> None:
@@ -200,7 +189,7 @@ async def test_contested_outlives_the_forgotten_bucket_until_a_burst_is_back() -
     await asyncio.sleep(0.03)
     assert not h.gate.active  # the bucket's state is gone
     assert h.gate.contested((bucket,))
-    assert in_flight(h, bucket, 10) == 1
+    assert in_flight(h, bucket, 10) == 1  # paced
     h.gate.claim_over(h.gate._claiming["10"][0])
     await asyncio.sleep(0.1)
     assert not h.gate.contested((bucket,))

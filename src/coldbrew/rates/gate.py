@@ -15,16 +15,20 @@ futile claims -- the shape of the cap gate (caps/gate.py):
   claim that took its tokens says, per bucket, when the next token is due: the
   bucket's next delivery tries at once if one is there, or waits until then
   without asking PostgreSQL.
-- **Fewer claims once the bucket is contested.** A claim runs in a job slot,
+- **Paced claims once the bucket is contested.** A claim runs in a job slot,
   so a futile one costs the other tenants slot time (bench/ratelimit.py: with
   four claims per worker sent at each due token, four in five were refused,
   ~7% of the neighbour's slots). After a refusal, or a claim that took the
-  bucket's last token, one claim at a time is sent (``most``), and it first
+  bucket's last token, the bucket is *contested* here: this worker sends one
+  claim per emission interval (each claim blocks the bucket for one interval,
+  so round trips do not bound the rate, as one claim at a time did), a
+  refusal or a claim's answer sets the timer to the next token plus one
+  interval per claim still in flight here, and a single-limit claim first
   reads the bucket without a lock, then takes a due token before it claims,
   refusing at once when another claim holds the bucket (``contested``:
-  ``claim_one_token(peek)``);
-  a claim that finds tokens to spare (``rate_spare``) lets as many go again,
-  up to ``min(burst, RATE_INFLIGHT)``.
+  ``claim_one_token(peek)``). A claim that finds tokens to spare
+  (``rate_spare``) ends it: up to that many, at most ``min(burst,
+  RATE_INFLIGHT)``, go at once again.
 - **Waiting without a slot, until the token is due.** A claim refused with
   ``RateLimited(wait)`` (another worker took the token first) blocks its
   bucket until ``wait`` is over (plus a jitter of at most a millisecond or
@@ -74,7 +78,8 @@ class _BucketState:
 
     claiming: int = 0
     limit: int = 1  # most claims ever in flight at once: min(burst, RATE_INFLIGHT)
-    most: int = 1  # claims allowed in flight now: ``limit``, or fewer when contested
+    most: int = RATE_INFLIGHT  # claims allowed in flight now (at most ``limit``): fewer
+    # when a claim found fewer tokens to spare
     timer: asyncio.TimerHandle | None = None
     held: FairScheduler[Delivery] | None = None
 
@@ -199,13 +204,14 @@ class RateGate:
                 self._hold(state, pending)
                 return False
         for bucket in buckets:
-            fresh = bucket.key not in self._buckets
             state = self._state(bucket.key)
             state.limit = max(1, min(bucket.rate.burst, RATE_INFLIGHT))
-            if fresh:  # as many as its burst allows, unless the bucket was contested lately
-                state.most = 1 if self._is_contested(bucket.key) else state.limit
             state.most = min(state.most, state.limit)
             state.claiming += 1
+            if state.timer is None and self._is_contested(bucket.key):
+                # paced: the next claim one interval on (for the next token), whatever
+                # this one's round trips take; its answer sets the timer right
+                self._block(bucket.key, state, bucket.rate.interval)
         self._claiming[pending.payload.envelope.id] = (pending, buckets)
         return True
 
@@ -228,14 +234,14 @@ class RateGate:
             state.claiming = max(0, state.claiming - 1)
             wait = waits.get(bucket.key, 0.0) - (time.monotonic() - began)
             spare = spares.get(bucket.key)
-            if spare is not None:  # as many claims as there were tokens left, at least one
-                state.most = max(1, min(spare, state.limit))
+            if spare is not None:  # as many claims as there were tokens left
+                state.most = max(1, min(spare, state.limit)) if spare else state.limit
                 if spare < 1:
                     self._contest(bucket, wait)
                 else:
                     self._contested.pop(bucket.key, None)
             if wait > 0:
-                self._block(bucket.key, state, wait)
+                self._block(bucket.key, state, self._paced(bucket, state, wait))
             else:
                 self._open(bucket.key, dispatch=False)
         self._dispatch()
@@ -265,14 +271,15 @@ class RateGate:
         self._metrics.rate_limited.labels(limited.kind).inc()
         self._metrics.rate_wait_seconds.observe(limited.wait)
         state = self._state(limited.key)
-        state.most = 1  # one claim at a time until a claim finds tokens to spare
+        wait = max(limited.wait - (time.monotonic() - began), 0.0)
         if bucket is not None:
-            self._contest(bucket, limited.wait - (time.monotonic() - began))
+            self._contest(bucket, wait)
+            wait = self._paced(bucket, state, wait)
         if limited.kind == "tenant":  # waits in the scheduler; the tenant is held back meanwhile
             self._scheduler.push(pending)
         else:
             self._hold(state, pending)
-        self._block(limited.key, state, max(limited.wait - (time.monotonic() - began), 0.0))
+        self._block(limited.key, state, wait)
 
     def waiting(self) -> int:
         """Deliveries waiting here for a token (the gauge, read when scraped): held for a
@@ -324,6 +331,14 @@ class RateGate:
             self._contested = {k: t for k, t in self._contested.items() if t >= now}
         refill = bucket.rate.interval * bucket.rate.burst
         self._contested[bucket.key] = now + max(wait, 0.0) + refill
+
+    def _paced(self, bucket: Bucket, state: _BucketState, wait: float) -> float:
+        """The wait before this worker's next claim of a contested bucket: its next token
+        is due after ``wait``, and the claims still in flight here are for the tokens
+        after it, one interval apart."""
+        if not self._is_contested(bucket.key):
+            return wait
+        return wait + bucket.rate.interval * state.claiming
 
     def _bucket_of(self, pending: Pending[Delivery], key: str) -> Bucket | None:
         """The bucket ``key`` of ``pending``'s claim in flight (None: not in flight)."""
