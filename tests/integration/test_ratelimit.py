@@ -134,8 +134,9 @@ async def test_two_workers_racing_for_tokens_are_refused_about_once_per_start(
 ) -> None:
     """50/s burst 5 over two workers with a backlog: each refused claim held a job slot,
     and four claims per worker sent at each due token made ~4 refusals per start
-    (bench/ratelimit.py). A contested bucket sends one claim at a time and refuses a
-    lost race without a claim or a lock wait: about one refusal per start, at most."""
+    (bench/ratelimit.py). A contested bucket sends one claim per interval and refuses a
+    lost race without a claim or a lock wait: about one refusal per start, at most, and
+    the rate still held (one claim at a time had bound it by the round trips)."""
     channel = Topology(settings.namespace).tenant_channel
     await rl_client.store.tenants.set_tenant_rate(
         "limited", per_second=50, burst=5, clear=False, channel=channel
