@@ -204,3 +204,19 @@ def test_only_a_single_limit_claim_peeks() -> None:
     assert h.gate.contested((tenant,))
     assert not h.gate.contested((tenant, kind))  # several limits: locked and read in one go
     assert not h.gate.contested(())
+
+
+async def test_a_paced_claim_that_ended_without_an_answer_lets_the_next_one_go() -> None:
+    """1/h: a contested bucket's pacing would block it for an hour; a claim that ended
+    without taking a token (given up, cancelled) must not leave the bucket blocked."""
+    h = Harness()
+    bucket = Bucket("key", "key:k", Rate(1 / 3600, 1))
+    first = delivery("1")
+    assert h.gate.begin_claim(first, (bucket,))
+    h.gate.park(first, RateLimited("key", bucket.key, 0.01), time.monotonic())
+    await asyncio.sleep(0.03)
+    second = h.gate.take_held()
+    assert second is not None and h.gate.begin_claim(second, (bucket,))
+    assert not h.gate.begin_claim(delivery("2"), (bucket,))  # paced: held behind it
+    h.gate.claim_over(second)
+    assert h.gate.take_held() is not None

@@ -258,7 +258,10 @@ class RateGate:
             state = self._buckets.get(bucket.key)
             if state is not None:
                 state.claiming = max(0, state.claiming - 1)
-                if state.timer is None:
+                # a contested bucket's pacing timer stood for this claim's token, which
+                # it did not take: with no other claim in flight, try again now
+                paced = not state.claiming and self._is_contested(bucket.key)
+                if state.timer is None or paced:
                     self._open(bucket.key, dispatch=False)
 
     def park(self, pending: Pending[Delivery], limited: RateLimited, began: float) -> None:
