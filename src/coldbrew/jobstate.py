@@ -37,6 +37,9 @@ class Delivery:
     args: dict[str, Any]
     rate_key: str | None = None
     """The per-key rate limit's bucket (``<type>:<value>``), when the type has one."""
+    waiting_recorded: bool = False
+    """A rate-limited claim refused it and recorded its job as waiting: a later refusal
+    need not record it again (rates/claim.py)."""
 
 
 @dataclass(slots=True, eq=False)

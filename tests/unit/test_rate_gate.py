@@ -119,3 +119,104 @@ async def test_drain_gives_back_held_deliveries_and_stops_the_timers() -> None:
     assert [p.payload for p in h.gate.drain()] == [pending.payload]
     assert h.gate.waiting() == 0
     assert not any(state.timer for state in h.gate._buckets.values())
+
+
+def spared(job_id: str, key: str, wait: float, spare: int) -> ClaimResult:
+    result = claimed(job_id, {key: wait})
+    result.rate_spare = {key: spare}
+    return result
+
+
+def in_flight(h: Harness, bucket: Bucket, first: int) -> int:
+    """Begin claims of new deliveries of the tenant's bucket until it is blocked; how many."""
+    n = 0
+    while not h.gate.tenant_blocked("t"):
+        assert h.gate.begin_claim(delivery(str(first + n)), (bucket,))
+        n += 1
+    return n
+
+
+async def test_a_contested_bucket_paces_its_claims_one_interval_apart() -> None:
+    """Four claims at each due token made four in five refusals (bench/ratelimit.py): after
+    a refusal the worker sends one claim per interval (the next token's), however long
+    each takes; a claim that found tokens to spare ends the pacing."""
+    h = Harness()
+    bucket = Bucket("tenant", "tenant:t", Rate(20, 5))  # T = 0.05 s
+    assert in_flight(h, bucket, 0) == 4  # nothing known: min(burst, RATE_INFLIGHT)
+    assert not h.gate.contested((bucket,))
+    for i in (1, 2, 3):
+        h.gate.claim_over(h.gate._claiming[str(i)][0])
+    refused = h.gate._claiming["0"][0]
+    h.gate.park(refused, RateLimited("tenant", bucket.key, 0.01), time.monotonic())
+    assert h.gate.contested((bucket,))  # the next single-limit claim reads the bucket first
+    await asyncio.sleep(0.03)
+    assert in_flight(h, bucket, 10) == 1  # paced: the next one an interval on
+    await asyncio.sleep(0.02)
+    assert h.gate.tenant_blocked("t")
+    await asyncio.sleep(0.05)
+    assert in_flight(h, bucket, 20) == 1  # two in flight now, one interval apart
+    assert len(h.gate._claiming) == 2
+    h.gate.claim_done(spared("10", bucket.key, 0.0, 3), time.monotonic())
+    assert not h.gate.contested((bucket,))
+    assert in_flight(h, bucket, 30) == 2  # tokens to spare: unpaced, up to three in flight
+
+
+async def test_a_claim_that_took_the_last_token_paces_past_the_claims_in_flight() -> None:
+    """The next token is this worker's claim in flight's; the one after it is the next
+    claim's: the timer counts one interval more per claim in flight."""
+    h = Harness()
+    bucket = Bucket("tenant", "tenant:t", Rate(20, 5))  # T = 0.05 s
+    assert in_flight(h, bucket, 0) == 4
+    for i in (2, 3):
+        h.gate.claim_over(h.gate._claiming[str(i)][0])
+    h.gate.claim_done(spared("0", bucket.key, 0.01, 0), time.monotonic())
+    assert h.gate.contested((bucket,))
+    assert h.gate.tenant_blocked("t")  # "1" is in flight: 0.01 + 0.05 s
+    await asyncio.sleep(0.035)
+    assert h.gate.tenant_blocked("t")
+    await asyncio.sleep(0.04)
+    assert not h.gate.tenant_blocked("t")
+
+
+async def test_contested_outlives_the_forgotten_bucket_until_a_burst_is_back() -> None:
+    """An idle bucket's state is dropped (a tenant's deliveries wait in the scheduler), but
+    that it was contested is kept until a whole burst could have come back untaken."""
+    h = Harness()
+    bucket = Bucket("tenant", "tenant:t", Rate(50, 5))  # a burst comes back in 0.1 s
+    pending = delivery("0")
+    assert h.gate.begin_claim(pending, (bucket,))
+    h.gate.park(pending, RateLimited("tenant", bucket.key, 0.01), time.monotonic())
+    await asyncio.sleep(0.03)
+    assert not h.gate.active  # the bucket's state is gone
+    assert h.gate.contested((bucket,))
+    assert in_flight(h, bucket, 10) == 1  # paced
+    h.gate.claim_over(h.gate._claiming["10"][0])
+    await asyncio.sleep(0.1)
+    assert not h.gate.contested((bucket,))
+    assert in_flight(h, bucket, 20) == 4
+
+
+def test_only_a_single_limit_claim_peeks() -> None:
+    h = Harness()
+    tenant = Bucket("tenant", "tenant:t", Rate(50, 5))
+    kind = Bucket("type", "type:fetch", Rate(50, 5))
+    h.gate._contest(tenant, 1.0)
+    assert h.gate.contested((tenant,))
+    assert not h.gate.contested((tenant, kind))  # several limits: locked and read in one go
+    assert not h.gate.contested(())
+
+
+async def test_a_paced_claim_that_ended_without_an_answer_lets_the_next_one_go() -> None:
+    """1/h: a contested bucket's pacing would block it for an hour; a claim that ended
+    without taking a token (given up, cancelled) must not leave the bucket blocked."""
+    h = Harness()
+    bucket = Bucket("key", "key:k", Rate(1 / 3600, 1))
+    first = delivery("1")
+    assert h.gate.begin_claim(first, (bucket,))
+    h.gate.park(first, RateLimited("key", bucket.key, 0.01), time.monotonic())
+    await asyncio.sleep(0.03)
+    second = h.gate.take_held()
+    assert second is not None and h.gate.begin_claim(second, (bucket,))
+    assert not h.gate.begin_claim(delivery("2"), (bucket,))  # paced: held behind it
+    h.gate.claim_over(second)
+    assert h.gate.take_held() is not None

@@ -19,6 +19,7 @@ from coldbrew.ratelimit import (
     parse_rate,
     rate_key_value,
 )
+from coldbrew.rates.claim import spare_tokens
 
 
 @pytest.mark.parametrize(
@@ -196,3 +197,23 @@ def test_app_job_takes_a_rate_limit_and_refuses_bad_ones_when_declared() -> None
     ]:
         with pytest.raises(ConfigurationError, match=match):
             App().job(name="j", **kwargs)(job)  # type: ignore[arg-type]
+
+
+def test_spare_tokens_counts_what_gcra_would_still_grant() -> None:
+    rate = Rate(10, 3)  # T = 0.1 s, tau = 0.2 s
+    assert spare_tokens(0.1, rate) == 2  # a first take from a full bucket
+    assert spare_tokens(0.0999, rate) == 2
+    assert spare_tokens(0.2, rate) == 1
+    assert spare_tokens(0.1995, rate) == 1
+    assert spare_tokens(0.2005, rate) == 0
+    assert spare_tokens(0.3, rate) == 0
+    assert spare_tokens(0.0, Rate(1, 1)) == 1
+    assert spare_tokens(1.0, Rate(1, 1)) == 0
+    for backlog in (0.0, 0.05, 0.1, 0.15, 0.2, 0.25):  # k spare: k more takes conform
+        k = spare_tokens(backlog, rate)
+        left = backlog
+        for _ in range(k):
+            grant = gcra(left, rate)
+            assert grant.allowed
+            left = grant.backlog
+        assert not gcra(left, rate).allowed

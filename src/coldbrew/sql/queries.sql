@@ -1133,6 +1133,26 @@ UPDATE rate_buckets AS b SET tat = now() + make_interval(secs => u.backlog)
 FROM unnest($1::text[], $2::float8[]) AS u(key, backlog)
 WHERE b.key = u.key;
 
+-- name: peek_rate_bucket
+-- Before a contested single-limit claim, without a lock or a transaction: how far the bucket's theoretical arrival time lies ahead of now, in seconds (0: none, or no bucket yet). A read that finds no token is a safe refusal (claims only move the time on), so a lost race costs this read and not a claim rolled back ($1 bucket key)
+SELECT coalesce((SELECT greatest(extract(epoch FROM tat - now()), 0)::float8
+                 FROM rate_buckets WHERE key = $1), 0)::float8 AS backlog;
+
+-- name: take_rate_token_first
+-- A contested single-limit claim's first statement in its transaction, before claim_batch: lock the bucket's row unless another claim holds it (SKIP LOCKED: a claim taking this bucket's token right now), take one token if one is due, and read the backlogs: taken_backlog (null: not taken), mine_backlog (null: the row is locked by another claim), seen_backlog (the last committed one; null: no bucket yet), in seconds ($1 bucket key, $2 emission interval in seconds, $3 tolerance in seconds)
+WITH mine AS (
+    SELECT key, tat FROM rate_buckets WHERE key = $1 FOR UPDATE SKIP LOCKED
+), taken AS (
+    UPDATE rate_buckets AS b SET tat = greatest(mine.tat, now()) + make_interval(secs => $2)
+    FROM mine
+    WHERE b.key = mine.key AND mine.tat - now() <= make_interval(secs => $3)
+    RETURNING greatest(extract(epoch FROM b.tat - now()), 0)::float8 AS backlog
+)
+SELECT (SELECT backlog FROM taken) AS taken_backlog,
+       (SELECT greatest(extract(epoch FROM tat - now()), 0)::float8 FROM mine) AS mine_backlog,
+       (SELECT greatest(extract(epoch FROM tat - now()), 0)::float8
+        FROM rate_buckets WHERE key = $1) AS seen_backlog;
+
 -- name: take_rate_token
 -- The claim of a job with one rate limit, after claim_batch in the same transaction: take one token of its GCRA bucket if one is due -- the upsert moves the theoretical arrival time on only when the bucket conforms, atomically under its row lock -- and read the backlog it left (taken_backlog, null: refused) and the backlog seen before (seen_backlog), in seconds ($1 bucket key, $2 emission interval in seconds, $3 tolerance in seconds)
 WITH taken AS (

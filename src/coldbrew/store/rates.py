@@ -9,7 +9,10 @@ lock the job's buckets and read their backlogs (``lock_rate_buckets``, one
 statement that also creates missing buckets), claim (``claim_batch``), and,
 when the job was claimed, store the buckets' new arrival times
 (``take_rate_tokens``). The row locks serialize the fleet's claims of one
-bucket, so two workers cannot take the same token. What the backlogs mean is
+bucket, so two workers cannot take the same token. A contested bucket is first
+read without a lock (``peek_rate_bucket``): a backlog past the tolerance is a
+refusal that no claim can undo, so it needs no claim and waits for no lock.
+What the backlogs mean is
 decided in ``coldbrew.ratelimit`` (pure) and ``coldbrew.rates.claim``.
 """
 
@@ -34,6 +37,23 @@ class RateTokens:
         """Lock the buckets ``keys`` (sorted by the caller) and read their backlogs (s)."""
         rows = await self._conn.fetch(QUERIES["lock_rate_buckets"].text, list(keys))
         return {row["key"]: float(row["backlog"]) for row in rows}
+
+    async def peek(self, key: str) -> float:
+        """Bucket ``key``'s backlog (s) now, read without a lock (0: no bucket yet). Claims
+        only move a bucket's time on, so a backlog past the tolerance stays a refusal."""
+        backlog = await self._conn.fetchval(QUERIES["peek_rate_bucket"].text, key)
+        return float(backlog or 0.0)
+
+    async def take_first(
+        self, key: str, interval: float, tau: float
+    ) -> tuple[float | None, float | None, float | None]:
+        """Take a token of bucket ``key`` before the claim, unless another claim holds its
+        row: ``(backlog left or None, backlog under our lock or None: locked elsewhere,
+        last committed backlog or None: no bucket yet)``."""
+        row = await self._conn.fetchrow(QUERIES["take_rate_token_first"].text, key, interval, tau)
+        if row is None:  # a SELECT of three subqueries always has its row
+            raise RuntimeError("take_rate_token_first returned no row")
+        return row["taken_backlog"], row["mine_backlog"], row["seen_backlog"]
 
     async def take_one(self, key: str, interval: float, tau: float) -> tuple[float | None, float]:
         """Take a token of bucket ``key`` if one is due (GCRA: emission interval and

@@ -76,6 +76,12 @@ class ClaimResult:
     rate_waits: Mapping[str, float] | None = None
     """A rate-limited claim that took its tokens: per bucket key, the seconds until that
     bucket's next token is due (0: one is there now). None for any other claim."""
+    rate_spare: Mapping[str, int] | None = None
+    """A rate-limited claim that took its tokens: per bucket key, the tokens the bucket
+    still had right after (0: the next is due in ``rate_waits``). None otherwise."""
+    rate_measured_at: float | None = None
+    """``time.monotonic()`` just before the transaction whose clock ``rate_waits`` count
+    from (None: the caller counts from the claim's start)."""
     waited: float | None = None
     """A claimed job's seconds from when it became due (its ``run_at``) to this claim;
     None when not claimed."""

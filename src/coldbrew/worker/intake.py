@@ -308,7 +308,9 @@ class Intake:
         delivery = pending.payload
         began = time.monotonic()  # a rate limit's wait counts from the claim's transaction
         try:
-            claim = await self.runner.claim_gated(delivery, capped=bool(scopes), buckets=buckets)
+            claim = await self.runner.claim_gated(
+                delivery, capped=bool(scopes), buckets=buckets, peek=self.rates.contested(buckets)
+            )
             if claim is None:  # refused, or drained during an outage: settled already
                 self._claims_over(pending)
                 return

@@ -137,11 +137,25 @@ class JobRunner:
         return await self.claim_gated(delivery, capped=True, buckets=())
 
     async def claim_gated(
-        self, delivery: Delivery, *, capped: bool, buckets: tuple[Bucket, ...]
+        self,
+        delivery: Delivery,
+        *,
+        capped: bool,
+        buckets: tuple[Bucket, ...],
+        peek: bool = False,
     ) -> ClaimResult | Capped | RateLimited | None:
         """The claim of a job with a fleet-wide cap (``capped``: caps/claim.py) or rate
         limits (``buckets``: rates/claim.py), or both: ``Capped`` when a cap left no room,
-        ``RateLimited`` when a bucket had no token; the caller holds the delivery then."""
+        ``RateLimited`` when a bucket had no token; the caller holds the delivery then.
+        ``peek``: a single limit's bucket is contested (``RateGate.contested``)."""
+        answer = await self._claim_gated(delivery, capped=capped, buckets=buckets, peek=peek)
+        if isinstance(answer, RateLimited):  # recorded as waiting: not again next time
+            delivery.waiting_recorded = True
+        return answer
+
+    async def _claim_gated(
+        self, delivery: Delivery, *, capped: bool, buckets: tuple[Bucket, ...], peek: bool
+    ) -> ClaimResult | Capped | RateLimited | None:
         request = self._claim_request(delivery)
         if not await self._webhook_noted(delivery, request, admitted=False):
             return None
@@ -155,12 +169,18 @@ class JobRunner:
             return await self._claim(
                 delivery, lambda: claim_capped(self.store.caps, request, buckets)
             )
+        recorded = delivery.waiting_recorded
         if len(buckets) == 1:
             bucket = buckets[0]
             return await self._claim(
-                delivery, lambda: claim_one_token(self.store.caps, request, bucket)
+                delivery,
+                lambda: claim_one_token(
+                    self.store.caps, request, bucket, peek=peek, recorded=recorded
+                ),
             )
-        return await self._claim(delivery, lambda: claim_limited(self.store.caps, request, buckets))
+        return await self._claim(
+            delivery, lambda: claim_limited(self.store.caps, request, buckets, recorded=recorded)
+        )
 
     async def _admitted(self, delivery: Delivery, request: ClaimRequest) -> bool:
         """Whether to claim the delivery: a job of a unique type whose row a raw producer
