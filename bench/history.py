@@ -72,12 +72,12 @@ RETENTION_1D = POOL | {
 }
 
 # $1 first row number, $2 last, $3 seconds before now that the newest row finished, $4 the
-# span (seconds) the rows' finish times spread over
+# span (seconds) the rows' finish times spread over, $5 the ids' prefix
 GENERATE = """
 INSERT INTO jobs (id, type, queue, tenant, args, status, priority, attempt, max_attempts,
                   created_at, started_at, finished_at, run_at, updated_at, error_kind,
                   dead_reason, result)
-SELECT 'h-' || s, 'noop', 'default', 't' || (s % 20), '{}'::jsonb,
+SELECT $5 || s, 'noop', 'default', 't' || (s % 20), '{}'::jsonb,
        (CASE WHEN s % 100 < 96 THEN 'succeeded' WHEN s % 100 < 98 THEN 'failed'
              WHEN s % 100 < 99 THEN 'dead' ELSE 'cancelled' END)::job_status,
        0, 1, 3, f - interval '2 seconds', f - interval '1 second', f, f - interval '2 seconds',
@@ -101,9 +101,15 @@ async def timed(read: Callable[[], Awaitable[Any]], times: int) -> dict[str, flo
 
 
 async def generate(
-    conn: asyncpg.Connection, namespace: str, first: int, last: int, **kw: float
+    conn: asyncpg.Connection,
+    namespace: str,
+    first: int,
+    last: int,
+    *,
+    prefix: str = "h-",
+    **kw: float,
 ) -> float:
-    """Insert rows ``first..last``; VACUUM ANALYZE; return seconds."""
+    """Insert rows ``first..last`` (ids ``prefix`` + number); VACUUM ANALYZE; return seconds."""
     if last < first:
         return 0.0
     started = time.perf_counter()
@@ -111,7 +117,9 @@ async def generate(
     step = 1_000_000
     for low in range(first, last + 1, step):
         high = min(last, low + step - 1)
-        await conn.execute(GENERATE, low, high, kw.get("ago", 0.0), kw.get("span", 30 * 86400.0))
+        await conn.execute(
+            GENERATE, low, high, kw.get("ago", 0.0), kw.get("span", 30 * 86400.0), prefix
+        )
         progress(f"  generated rows {low:,}..{high:,} ({time.perf_counter() - started:.0f} s)")
     # what a running fleet's stats refresher does every few seconds (store/stats.py)
     await conn.execute(
@@ -221,12 +229,21 @@ async def run_levels(cfg: Config, args: argparse.Namespace) -> list[dict[str, An
                 progress(f"levels: {level:,} finished rows")
                 seconds = await generate(conn, namespace, have + 1, level)
                 have = max(have, level)
+                if args.window_rows:  # a busy last hour, as a fleet at window_rows/3600 jobs/s
+                    seconds += await generate(
+                        conn, namespace, 1, args.window_rows, prefix=f"w{index}-", span=3600.0
+                    )
+                in_window = await conn.fetchval(
+                    f"SELECT count(*) FROM {quote_ident(namespace)}.jobs"
+                    " WHERE finished_at >= now() - interval '1 hour'"
+                )
                 size = await conn.fetchval(SIZE_SQL, f"{quote_ident(namespace)}.jobs")
                 reads = await time_reads(cfg, namespace, args.reads)
                 drained = await drain(cfg, namespace, index, RETENTION_OFF)
                 results.append(
                     {
                         "rows": level,
+                        "rows_in_last_hour": in_window,
                         "generate_seconds": seconds,
                         "table_bytes": size,
                         "reads": reads,
@@ -325,9 +342,11 @@ async def run_steady(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
 async def run(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"machine": await machine_info(cfg.amqp_url, cfg.database_url)}
     result["args"] = {k: v for k, v in vars(args).items() if k != "json"}
-    result["levels"] = await run_levels(cfg, args)
-    result["retention"] = await run_retention(cfg, args)
-    if args.steady_seconds > 0:
+    if "levels" in args.phases:
+        result["levels"] = await run_levels(cfg, args)
+    if "retention" in args.phases:
+        result["retention"] = await run_retention(cfg, args)
+    if "steady" in args.phases and args.steady_seconds > 0:
         try:
             result["steady"] = await run_steady(cfg, args)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, BenchError) as exc:
@@ -347,27 +366,35 @@ def render(result: dict[str, Any]) -> str:
         "dlq_list_ms",
         "recent_dead_tenant_ms",
     ]
-    lines.append("| finished rows | table MB | " + " | ".join(keys) + " | drain jobs/s |")
-    lines.append("|---" * (len(keys) + 3) + "|")
-    for level in result["levels"]:
-        cells = [f"{level['rows']:,}", f"{level['table_bytes'] / 1e6:.0f}"]
+    lines.append(
+        "| finished rows | in the last hour | table MB | " + " | ".join(keys) + " | drain jobs/s |"
+    )
+    lines.append("|---" * (len(keys) + 4) + "|")
+    for level in result.get("levels", []):
+        cells = [
+            f"{level['rows']:,}",
+            f"{level.get('rows_in_last_hour', 0):,}",
+            f"{level['table_bytes'] / 1e6:.0f}",
+        ]
         for key in keys:
             s = level["reads"][key]
             cells.append(f"{s['median']:.1f} [{s['min']:.1f}-{s['max']:.1f}]")
         cells.append(f"{level['drain']['jobs_per_second']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
-    retention = result["retention"]
-    lines.append("")
-    lines.append(
-        "retention drain (with / without prune, per round): "
-        + ", ".join(
-            f"{r['ratio']:.3f} ({r['with']['jobs_per_second']:.0f} / "
-            f"{r['without']['jobs_per_second']:.0f} jobs/s, {r['pruned_during_drain']:,} pruned)"
-            for r in retention["rounds"]
+    if "retention" in result:
+        retention = result["retention"]
+        lines.append("")
+        lines.append(
+            "retention drain (with / without prune, per round): "
+            + ", ".join(
+                f"{r['ratio']:.3f} ({r['with']['jobs_per_second']:.0f} / "
+                f"{r['without']['jobs_per_second']:.0f} jobs/s, "
+                f"{r['pruned_during_drain']:,} pruned)"
+                for r in retention["rounds"]
+            )
         )
-    )
-    ratio = retention["ratio"]
-    lines.append(f"median ratio {ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}]")
+        ratio = retention["ratio"]
+        lines.append(f"median ratio {ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}]")
     if "steady" in result:
         steady = result["steady"]
         lines.append("")
@@ -384,6 +411,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--levels", default="0,1000000,10000000", type=lambda t: [int(x) for x in t.split(",")]
+    )
+    parser.add_argument(
+        "--phases",
+        default="levels,retention,steady",
+        type=lambda t: set(t.split(",")),
+        help="which phases run (levels, retention, steady; default all)",
+    )
+    parser.add_argument(
+        "--window-rows",
+        type=int,
+        default=0,
+        help="at each level, this many more rows finished over the last hour (1,800,000: a"
+        " fleet at 500 jobs/s); what `stats --since 1h` reads",
     )
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain")
     parser.add_argument("--reads", type=int, default=9, help="timed calls per read")
