@@ -680,3 +680,38 @@ ALTER TABLE jobs
     ADD COLUMN traceparent text,
     ADD COLUMN tracestate text,
     ADD COLUMN trace_previous_span text;
+
+-- --- the per-minute rollup of finished jobs (migration 0024): `coldbrew stats --since` ---
+
+-- bucket 0: under 0.1 ms (negatives too); bucket k >= 1: [0.1 ms * 2^((k-1)/8),
+-- 0.1 ms * 2^(k/8)), up to 320 (open-ended); store/rollup.py holds the same constants
+CREATE FUNCTION duration_bucket(seconds float8) RETURNS smallint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN seconds < 0.0001 THEN 0
+                ELSE least(320, 1 + floor(8 * ln(seconds / 0.0001) / ln(2)))
+           END::smallint
+$$;
+
+-- per minute of finish time, lane and tenant: counts per final status, and the sparse
+-- histograms (bucket numbers ascending, counts) of the started jobs' run and wait times;
+-- folded by one worker per interval (worker/rollup.py), pruned by COLDBREW_RETENTION_ROLLUP
+CREATE TABLE finished_minutes (
+    minute        timestamptz NOT NULL,
+    queue         text NOT NULL,
+    tenant        text NOT NULL,
+    succeeded     bigint NOT NULL,
+    failed        bigint NOT NULL,
+    cancelled     bigint NOT NULL,
+    dead          bigint NOT NULL,
+    run_buckets   smallint[] NOT NULL,
+    run_counts    bigint[] NOT NULL,
+    wait_buckets  smallint[] NOT NULL,
+    wait_counts   bigint[] NOT NULL,
+    PRIMARY KEY (minute, queue, tenant)
+);
+
+-- every minute before folded_to is in finished_minutes; readers take the raw rows from it on
+CREATE TABLE finished_minutes_folded (
+    one        boolean PRIMARY KEY DEFAULT true CHECK (one),
+    folded_to  timestamptz NOT NULL
+);

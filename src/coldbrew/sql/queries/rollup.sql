@@ -1,0 +1,191 @@
+-- The per-minute rollup of finished jobs (migration 0024): folded by one worker per interval
+-- (worker/rollup.py), read by `coldbrew stats --since`, pruned by the prune service.
+
+-- name: rollup_lock
+-- One folder per namespace at a time: try the namespace's rollup lock for the rest of this transaction (no parameters)
+SELECT pg_try_advisory_xact_lock(hashtext(current_schema() || '.finished_rollup')) AS held;
+
+-- name: rollup_bounds
+-- Where the fold stands (null: never folded) and how far it may go now: the start of the minute $1 seconds ago, and not past the minute in which the oldest open transaction of this database began (its finishing writes would carry that time), unless that began over $2 seconds ago ($1 settle seconds, $2 longest wait for an open transaction)
+SELECT (SELECT folded_to FROM finished_minutes_folded) AS folded_to,
+       least(date_trunc('minute', now() - make_interval(secs => $1)),
+             greatest(date_trunc('minute', now() - make_interval(secs => $2)),
+                      coalesce(date_trunc('minute', (
+                          SELECT min(xact_start) FROM pg_stat_activity
+                          WHERE datname = current_database()
+                            AND backend_type = 'client backend'
+                            AND pid <> pg_backend_pid())), 'infinity'))) AS frontier;
+
+-- name: oldest_finished
+-- The oldest finish time among the kept rows of final status (where a first fold starts), or null; one probe of jobs_finished per status (no parameters)
+SELECT least((SELECT min(finished_at) FROM jobs
+              WHERE status = 'succeeded' AND finished_at IS NOT NULL),
+             (SELECT min(finished_at) FROM jobs
+              WHERE status = 'failed' AND finished_at IS NOT NULL),
+             (SELECT min(finished_at) FROM jobs
+              WHERE status = 'cancelled' AND finished_at IS NOT NULL),
+             (SELECT min(finished_at) FROM jobs
+              WHERE status = 'dead' AND finished_at IS NOT NULL)) AS oldest;
+
+-- name: fold_finished_minutes
+-- Fold the jobs that finished in [$1, $2) (whole minutes) into one rollup row per minute, lane and tenant: counts per final status and the sparse run and wait histograms of the jobs that started; returns the rows folded ($1 from, $2 to)
+WITH done AS (
+    SELECT date_trunc('minute', finished_at) AS minute, queue, tenant, status,
+           CASE WHEN started_at IS NOT NULL
+                THEN duration_bucket(extract(epoch FROM finished_at - started_at)::float8)
+           END AS run_b,
+           CASE WHEN started_at IS NOT NULL
+                THEN duration_bucket(extract(epoch FROM started_at - created_at)::float8)
+           END AS wait_b
+    FROM jobs
+    WHERE status IN ('succeeded', 'failed', 'cancelled', 'dead')
+      AND finished_at IS NOT NULL
+      AND finished_at >= $1::timestamptz AND finished_at < $2::timestamptz
+),
+counts AS (
+    SELECT minute, queue, tenant,
+           count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE status = 'failed') AS failed,
+           count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+           count(*) FILTER (WHERE status = 'dead') AS dead
+    FROM done GROUP BY minute, queue, tenant
+),
+run AS (
+    SELECT minute, queue, tenant, array_agg(b ORDER BY b) AS buckets, array_agg(n ORDER BY b) AS counts
+    FROM (SELECT minute, queue, tenant, run_b AS b, count(*) AS n FROM done
+          WHERE run_b IS NOT NULL GROUP BY minute, queue, tenant, run_b) AS x
+    GROUP BY minute, queue, tenant
+),
+wait AS (
+    SELECT minute, queue, tenant, array_agg(b ORDER BY b) AS buckets, array_agg(n ORDER BY b) AS counts
+    FROM (SELECT minute, queue, tenant, wait_b AS b, count(*) AS n FROM done
+          WHERE wait_b IS NOT NULL GROUP BY minute, queue, tenant, wait_b) AS x
+    GROUP BY minute, queue, tenant
+),
+folded AS (
+    INSERT INTO finished_minutes (minute, queue, tenant, succeeded, failed, cancelled, dead,
+                                  run_buckets, run_counts, wait_buckets, wait_counts)
+    SELECT c.minute, c.queue, c.tenant, c.succeeded, c.failed, c.cancelled, c.dead,
+           coalesce(r.buckets, '{}'), coalesce(r.counts, '{}'),
+           coalesce(w.buckets, '{}'), coalesce(w.counts, '{}')
+    FROM counts AS c
+    LEFT JOIN run AS r USING (minute, queue, tenant)
+    LEFT JOIN wait AS w USING (minute, queue, tenant)
+    RETURNING 1
+)
+SELECT count(*) FROM folded;
+
+-- name: folded_to
+-- Every minute before this is folded; null if never folded (no parameters)
+SELECT folded_to FROM finished_minutes_folded;
+
+-- name: count_finished_minutes
+-- How many rollup rows are kept (no parameters)
+SELECT count(*) FROM finished_minutes;
+
+-- name: set_folded_to
+-- Record that every minute before $1 is folded ($1 the new frontier)
+INSERT INTO finished_minutes_folded (one, folded_to) VALUES (true, $1::timestamptz)
+ON CONFLICT (one) DO UPDATE SET folded_to = excluded.folded_to;
+
+-- name: finished_rollup_stats
+-- `coldbrew stats --since`: per lane and tenant, the jobs that finished in the last $1 seconds by final status, and the summed run and wait histograms of those that started; whole folded minutes from finished_minutes, the rest (the window's first partial minute, the minutes not folded yet) from the raw rows, two ranges of jobs_finished ($1 seconds, $2 tenant or null)
+WITH w AS (
+    SELECT now() - make_interval(secs => $1) AS since,
+           coalesce((SELECT folded_to FROM finished_minutes_folded), '-infinity') AS folded_to
+),
+b AS (  -- the folded minutes inside the window: [lo, hi)
+    SELECT since,
+           CASE WHEN date_trunc('minute', since) = since THEN since
+                ELSE date_trunc('minute', since) + interval '1 minute' END AS lo,
+           folded_to
+    FROM w
+),
+r AS (
+    SELECT since, lo, greatest(lo, folded_to) AS hi FROM b
+),
+rolled AS (
+    SELECT m.* FROM finished_minutes AS m, r
+    WHERE m.minute >= r.lo AND m.minute < r.hi
+      AND ($2::text IS NULL OR m.tenant = $2)
+),
+raw AS (
+    SELECT j.queue, j.tenant, j.status, j.started_at, j.finished_at, j.created_at
+    FROM jobs AS j, r
+    WHERE j.status IN ('succeeded', 'failed', 'cancelled', 'dead')
+      AND j.finished_at IS NOT NULL
+      AND j.finished_at >= r.since AND j.finished_at < r.lo
+      AND ($2::text IS NULL OR j.tenant = $2)
+    UNION ALL
+    SELECT j.queue, j.tenant, j.status, j.started_at, j.finished_at, j.created_at
+    FROM jobs AS j, r
+    WHERE j.status IN ('succeeded', 'failed', 'cancelled', 'dead')
+      AND j.finished_at IS NOT NULL
+      AND j.finished_at >= r.hi
+      AND ($2::text IS NULL OR j.tenant = $2)
+),
+counts AS (
+    SELECT queue, tenant, sum(succeeded)::int8 AS succeeded, sum(failed)::int8 AS failed,
+           sum(cancelled)::int8 AS cancelled, sum(dead)::int8 AS dead
+    FROM (
+        SELECT queue, tenant, succeeded, failed, cancelled, dead FROM rolled
+        UNION ALL
+        SELECT queue, tenant,
+               count(*) FILTER (WHERE status = 'succeeded'),
+               count(*) FILTER (WHERE status = 'failed'),
+               count(*) FILTER (WHERE status = 'cancelled'),
+               count(*) FILTER (WHERE status = 'dead')
+        FROM raw GROUP BY queue, tenant
+    ) AS c
+    GROUP BY queue, tenant
+),
+buckets AS (
+    SELECT queue, tenant, kind, b, sum(n)::int8 AS n
+    FROM (
+        SELECT m.queue, m.tenant, 'run' AS kind, u.b, u.n
+        FROM rolled AS m, unnest(m.run_buckets, m.run_counts) AS u(b, n)
+        UNION ALL
+        SELECT m.queue, m.tenant, 'wait', u.b, u.n
+        FROM rolled AS m, unnest(m.wait_buckets, m.wait_counts) AS u(b, n)
+        UNION ALL
+        SELECT queue, tenant, 'run',
+               duration_bucket(extract(epoch FROM finished_at - started_at)::float8), 1
+        FROM raw WHERE started_at IS NOT NULL
+        UNION ALL
+        SELECT queue, tenant, 'wait',
+               duration_bucket(extract(epoch FROM started_at - created_at)::float8), 1
+        FROM raw WHERE started_at IS NOT NULL
+    ) AS x
+    GROUP BY queue, tenant, kind, b
+),
+hist AS (
+    SELECT queue, tenant,
+           array_agg(b ORDER BY b) FILTER (WHERE kind = 'run') AS run_buckets,
+           array_agg(n ORDER BY b) FILTER (WHERE kind = 'run') AS run_counts,
+           array_agg(b ORDER BY b) FILTER (WHERE kind = 'wait') AS wait_buckets,
+           array_agg(n ORDER BY b) FILTER (WHERE kind = 'wait') AS wait_counts
+    FROM buckets GROUP BY queue, tenant
+)
+SELECT c.queue, c.tenant, c.succeeded, c.failed, c.cancelled, c.dead,
+       coalesce(h.run_buckets, '{}') AS run_buckets, coalesce(h.run_counts, '{}') AS run_counts,
+       coalesce(h.wait_buckets, '{}') AS wait_buckets,
+       coalesce(h.wait_counts, '{}') AS wait_counts
+FROM counts AS c
+LEFT JOIN hist AS h USING (queue, tenant)
+ORDER BY c.queue, c.tenant;
+
+-- name: prune_finished_minutes
+-- Delete up to $2 rollup rows of minutes that ended more than $1 seconds ago, oldest first ($1 retention seconds, $2 batch size)
+DELETE FROM finished_minutes
+WHERE (minute, queue, tenant) IN (
+    SELECT minute, queue, tenant FROM finished_minutes
+    WHERE minute < now() - make_interval(secs => $1) - interval '1 minute'
+    ORDER BY minute
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: count_prunable_finished_minutes
+-- The dry run of prune_finished_minutes ($1 retention seconds)
+SELECT count(*) FROM finished_minutes
+WHERE minute < now() - make_interval(secs => $1) - interval '1 minute';
