@@ -19,7 +19,7 @@ from coldbrew.settings import Settings
 from coldbrew.sql import QUERIES
 from coldbrew.store import FinishedStats, JobStore
 from coldbrew.store.rollup import FLOOR_SECONDS, RELATIVE_ERROR, bucket_of
-from coldbrew.store.stats import finished_from_histograms
+from coldbrew.store.stats import read_finished_in
 from coldbrew.worker.prune import Pruner, Retention
 from coldbrew.worker.rollup import RollupService
 from tests.helpers import DATABASE_URL, wait_until
@@ -98,13 +98,19 @@ async def fold_all(store: JobStore, settle: float = 0.0) -> int:
 async def both(
     db: asyncpg.Connection, since: float | str, tenant: str | None = None
 ) -> tuple[list[FinishedStats], list[FinishedStats]]:
-    """The rollup's and the raw rows' answers in one transaction (one now()); ``since`` is
-    seconds, or an SQL expression of them evaluated at that now()."""
-    async with db.transaction():
+    """The rollup's answer and the raw rows' over the same window (from the start of the
+    minute ``since`` seconds ago), in one snapshot; ``since`` is seconds, or an SQL
+    expression of them evaluated at that snapshot's now()."""
+    async with db.transaction(isolation="repeatable_read"):
         seconds = since if isinstance(since, float) else await db.fetchval(f"SELECT {since}")
-        rolled = await db.fetch(QUERIES["finished_rollup_stats"].text, seconds, tenant)
-        raw = await db.fetch(QUERIES["finished_stats"].text, seconds, tenant)
-    return [finished_from_histograms(r) for r in rolled], [FinishedStats(**dict(r)) for r in raw]
+        rolled = await read_finished_in(db, seconds, tenant)
+        exact = await db.fetchval(
+            "SELECT date_part('epoch', now() - date_trunc('minute', now() - make_interval("
+            "secs => $1)))",
+            seconds,
+        )
+        raw = await db.fetch(QUERIES["finished_stats"].text, exact, tenant)
+    return rolled, [FinishedStats(**dict(r)) for r in raw]
 
 
 def close(estimate: float | None, exact: float | None) -> bool:
@@ -162,52 +168,56 @@ async def test_rollup_equals_raw_computation(db: asyncpg.Connection, store: JobS
     assert_same(*await both(db, 7200.0, "globex"))
 
 
-async def test_a_minute_boundary_and_the_fold_frontier_count_each_job_once(
+async def test_minute_boundaries_and_the_fold_frontier_count_each_job_once(
     db: asyncpg.Connection, store: JobStore
 ) -> None:
-    """Jobs finished a microsecond either side of a minute boundary, of the window's start
-    and of the fold's frontier (the current minute, read raw), are each counted once."""
-    second = await db.fetchval("SELECT extract(second FROM now())")
-    if second > 50:  # the fold's frontier must be this minute, the rows' too
-        await asyncio.sleep(61 - second)
-    minute = await db.fetchval("SELECT date_trunc('minute', now())")
+    """Jobs finished a microsecond either side of a minute boundary are counted by the window
+    that starts on that minute, or not, exactly as the raw rows are; the current minute,
+    folded in parts with jobs finishing between the folds, counts each job once."""
+    now = await db.fetchval("SELECT now()")
+    minute = now.replace(second=0, microsecond=0)
     tick = timedelta(microseconds=1)
-    edges = [minute - timedelta(minutes=m) for m in (0, 1, 7)]
+    edges = [minute - timedelta(minutes=m) for m in (1, 2, 7)]
     finished = [at + d for at in edges for d in (-tick, timedelta(0), tick)]
     await insert_jobs(db, finished, seed=2, prefix="edge")
     await fold_all(store)
-    assert await store.rollup.folded_to() == minute
-    # windows that start exactly on an edge (its row a microsecond before is out), and a
-    # microsecond either side of it
-    for m, counted in ((1, 5), (7, 8)):
-        start = f"(now() - '{minute.isoformat()}'::timestamptz + interval '{m} minutes')"
-        rolled, raw = await both(db, f"extract(epoch FROM {start})")
-        assert sum(r.total for r in raw) == counted
-        assert_same(rolled, raw)
-        for shift, more in (("+ interval '1 microsecond'", 1), ("- interval '1 microsecond'", -1)):
-            rolled, raw = await both(db, f"extract(epoch FROM {start} {shift})")
-            assert sum(r.total for r in raw) == counted + more
+    folded = await store.rollup.folded_to()
+    assert folded is not None and folded >= now
+    # windows that start on an edge: its row a microsecond before is out
+    for edge, counted in zip(edges, (2, 5, 8), strict=True):
+        start = f"date_part('epoch', now() - '{edge.isoformat()}'::timestamptz)"
+        for shift in ("", " - 59.9"):
+            rolled, raw = await both(db, start + shift)
+            assert sum(r.total for r in raw) == counted, (edge, shift)
             assert_same(rolled, raw)
+    # the current minute in parts: jobs finished after the fold, folded again, and after
+    for part in range(3):
+        at = await db.fetchval("SELECT now()")
+        await insert_jobs(db, [at - tick * n for n in range(40)], seed=10 + part, prefix=f"p{part}")
+        rolled, raw = await both(db, 600.0)
+        assert sum(r.total for r in raw) == len(finished) + 40 * (part + 1)
+        assert_same(rolled, raw)
+        await fold_all(store)
+        assert_same(*await both(db, 600.0))
 
 
 async def test_an_open_transaction_holds_the_fold_back(
     settings: Settings, db: asyncpg.Connection, store: JobStore
 ) -> None:
-    """A transaction open since before a minute ended may still write a finish time in it:
-    the fold stops at that transaction's minute; once it commits, the fold goes on and
-    counts its job."""
+    """A transaction open since before the fold's frontier may still write a finish time
+    behind it: the fold stops at that transaction's start; once it commits, the fold goes
+    on and counts its job."""
     other = await asyncpg.connect(DATABASE_URL)
     try:
         await other.execute(f"SET search_path = {quote_ident(settings.namespace)}")
         await fold_all(store)
         async with other.transaction():
             began = await other.fetchval("SELECT now()")
-            second = began.second + began.microsecond / 1e6
-            await asyncio.sleep(61 - second)  # into the next minute
+            await asyncio.sleep(1.0)
             done = await store.rollup.fold_step(0.0, 300.0)
             folded_to = await store.rollup.folded_to()
             assert folded_to is not None
-            assert folded_to <= began.replace(second=0, microsecond=0), done
+            assert folded_to <= began, done
             await other.execute(
                 "INSERT INTO jobs (id, type, queue, tenant, args, status, max_attempts, attempt,"
                 " created_at, started_at, finished_at, run_at) VALUES ('late', 'noop', 'default',"
@@ -215,6 +225,7 @@ async def test_an_open_transaction_holds_the_fold_back(
             )
         await fold_all(store)
         assert (await store.rollup.folded_to() or began) > began
+        assert await db.fetchval("SELECT sum(succeeded) FROM finished_minutes") == 1
         rolled, raw = await both(db, 600.0)
         assert sum(r.total for r in raw) == 1
         assert_same(rolled, raw)
@@ -245,23 +256,21 @@ async def test_the_prune_service_removes_old_rollup_rows(
 
 
 async def test_the_rollup_service_folds_and_stops(db: asyncpg.Connection, store: JobStore) -> None:
-    """The worker's service folds what finished up to the last whole minute, and returns
-    when told to stop."""
+    """The worker's service folds what finished up to a moment ago, and returns when told
+    to stop."""
     now = await db.fetchval("SELECT now()")
-    await insert_jobs(db, [now - timedelta(minutes=m) for m in range(1, 30)], 3, "svc")
+    await insert_jobs(db, [now - timedelta(minutes=m) for m in range(0, 30)], 3, "svc")
     service = RollupService(store, interval=0.1, settle=0.0)
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     try:
-        await wait_until(
-            lambda: _folded_past(store, now - timedelta(minutes=1)), timeout=20, interval=0.1
-        )
+        await wait_until(lambda: _folded_past(store, now), timeout=20, interval=0.1)
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=5)
     assert (
         await db.fetchval("SELECT sum(succeeded + failed + cancelled + dead) FROM finished_minutes")
-        >= 25
+        == 30
     )
 
 

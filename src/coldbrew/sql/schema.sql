@@ -692,9 +692,20 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
            END::smallint
 $$;
 
+-- the sum of two sparse histograms (bucket numbers ascending, counts)
+CREATE FUNCTION histogram_add(b1 smallint[], n1 bigint[], b2 smallint[], n2 bigint[],
+                              OUT buckets smallint[], OUT counts bigint[])
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(b ORDER BY b), '{}'), coalesce(array_agg(n ORDER BY b), '{}')
+    FROM (SELECT b, sum(n)::int8 AS n
+          FROM (SELECT * FROM unnest(b1, n1) UNION ALL SELECT * FROM unnest(b2, n2)) AS u(b, n)
+          GROUP BY b) AS s
+$$;
+
 -- per minute of finish time, lane and tenant: counts per final status, and the sparse
 -- histograms (bucket numbers ascending, counts) of the started jobs' run and wait times;
--- folded by one worker per interval (worker/rollup.py), pruned by COLDBREW_RETENTION_ROLLUP
+-- folded (the current minute in parts) by one worker per interval (worker/rollup.py),
+-- pruned by COLDBREW_RETENTION_ROLLUP
 CREATE TABLE finished_minutes (
     minute        timestamptz NOT NULL,
     queue         text NOT NULL,

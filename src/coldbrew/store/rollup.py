@@ -4,8 +4,8 @@
 in the window (1.8M rows in an hour at 500 jobs/s). Migration 0024 keeps, per
 minute, lane and tenant, the counts per final status and two sparse
 histograms (run time, wait) over fixed log-scale buckets; a window sums them.
-The fold runs off the hot path, in one worker per interval (worker/rollup.py):
-a minute is folded once no write can still land in it (see ``fold_step``).
+The fold runs off the hot path, in one worker per interval (worker/rollup.py),
+up to a few seconds ago, where no write can still land (see ``fold_step``).
 
 The bucket arithmetic is here, pure, beside the SQL function
 ``duration_bucket`` that assigns them (tests compare the two): bucket 0 holds
@@ -89,7 +89,7 @@ def _value_at(buckets: Sequence[int], counts: Sequence[int], rank: int) -> float
 
 @dataclass(frozen=True, slots=True)
 class FoldStep:
-    """What one fold step did: the minutes ``[start, end)`` it folded (none when ``end``
+    """What one fold step did: the finish times ``[start, end)`` it folded (none when ``end``
     is None: another worker holds the lock, or nothing is due), the rollup rows written,
     and whether more minutes are due at once (a first fold catching up)."""
 
@@ -103,17 +103,18 @@ class RollupStore(StoreBase):
     """The fold of finished minutes (the prune service deletes old ones: history.py)."""
 
     async def fold_step(self, settle_seconds: float, max_wait_seconds: float) -> FoldStep:
-        """Fold the minutes due, up to ``FOLD_CHUNK`` of them, in one transaction under the
-        namespace's rollup lock (one folder per fleet at a time).
+        """Fold what finished since the last fold, up to ``FOLD_CHUNK`` of time, in one
+        transaction under the namespace's rollup lock (one folder per fleet at a time).
 
         Every statement that finishes a job writes ``finished_at = now()``, the start of
-        its transaction. A minute is due once it ended ``settle_seconds`` ago and no open
-        transaction of this database began in or before it (pg_stat_activity): a
-        finishing write still to commit carries a later time, so a folded minute never
-        changes. A transaction open longer than ``max_wait_seconds`` stops holding the
-        fold back (a session idle in a transaction for hours must not stall it); a
-        finishing write it commits later into a folded minute is then not counted.
-        The first fold starts at the oldest kept finished row.
+        its transaction. The fold goes up to ``settle_seconds`` ago and not past the
+        start of the oldest open transaction of this database (pg_stat_activity): a
+        finishing write still to commit carries a later time, so nothing lands behind
+        the fold. A transaction open longer than ``max_wait_seconds`` stops holding it
+        back (a session idle in a transaction for hours must not stall it); a finishing
+        write it commits later behind the fold is then not counted. The current minute
+        is folded in parts, each added to its row. The first fold starts at the minute
+        of the oldest kept finished row.
         """
 
         async def op(conn: asyncpg.Connection) -> FoldStep:
@@ -143,6 +144,11 @@ class RollupStore(StoreBase):
         """Every minute before this is in the rollup (None: never folded)."""
         folded: datetime | None = await self._fetchval("folded_to")
         return folded
+
+    async def reset(self) -> None:
+        """Forget the rollup: the next fold starts again from the oldest kept row. For
+        ``bench/history.py``, whose generated rows carry past finish times."""
+        await self._execute("reset_rollup")
 
     async def rollup_rows(self) -> int:
         """How many rollup rows are kept (minutes times lanes and tenants that finished jobs)."""

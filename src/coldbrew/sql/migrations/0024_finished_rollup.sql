@@ -8,12 +8,14 @@
 -- of one row per minute, lane and tenant, plus the raw rows of the minutes not folded yet.
 --
 -- Kept off the hot path: no trigger and no extra write per job. One worker per interval
--- (the namespace's rollup lock) folds the minutes that can no longer change: every
--- finishing statement sets finished_at = now(), its transaction's start, so a minute is
--- folded once it has ended COLDBREW_STATS_ROLLUP_SETTLE_SECONDS ago and no open
--- transaction of this database started in or before it (pg_stat_activity; one open longer
--- than five minutes no longer holds the fold back). finished_minutes_folded says up to
--- where (exclusive); readers take the rollup below it and the raw rows from it on.
+-- (the namespace's rollup lock) folds the finish times that can no longer change: every
+-- finishing statement sets finished_at = now(), its transaction's start, so the fold goes
+-- up to COLDBREW_STATS_ROLLUP_SETTLE_SECONDS ago, and not past the start of the oldest
+-- open transaction of this database (pg_stat_activity; one open longer than five minutes
+-- no longer holds it back). It adds what finished since the last fold to the rows of their
+-- minutes (histogram_add merges two histograms), so the current minute is folded in
+-- parts. finished_minutes_folded says up to where (exclusive); a reader takes, in one
+-- snapshot, the rollup rows of the minutes before it and the raw rows from it on.
 --
 -- The buckets (duration_bucket): bucket 0 holds durations under 0.1 ms (negative ones
 -- too); bucket k >= 1 holds [0.1 ms * 2^((k-1)/8), 0.1 ms * 2^(k/8)), eight per doubling,
@@ -31,6 +33,16 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN seconds < 0.0001 THEN 0
                 ELSE least(320, 1 + floor(8 * ln(seconds / 0.0001) / ln(2)))
            END::smallint
+$$;
+
+-- the sum of two sparse histograms (bucket numbers ascending, counts)
+CREATE FUNCTION histogram_add(b1 smallint[], n1 bigint[], b2 smallint[], n2 bigint[],
+                              OUT buckets smallint[], OUT counts bigint[])
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(b ORDER BY b), '{}'), coalesce(array_agg(n ORDER BY b), '{}')
+    FROM (SELECT b, sum(n)::int8 AS n
+          FROM (SELECT * FROM unnest(b1, n1) UNION ALL SELECT * FROM unnest(b2, n2)) AS u(b, n)
+          GROUP BY b) AS s
 $$;
 
 CREATE TABLE finished_minutes (

@@ -1,20 +1,24 @@
 -- The per-minute rollup of finished jobs (migration 0024): folded by one worker per interval
 -- (worker/rollup.py), read by `coldbrew stats --since`, pruned by the prune service.
+-- Durations are date_part('epoch', interval) (float8): extract() computes a numeric.
+
+-- name: rollup_no_jit
+-- For the rest of this transaction, no JIT compilation: `stats --since` is a short read whose plan PostgreSQL may cost high enough to spend a second compiling it (no parameters)
+SET LOCAL jit = off;
 
 -- name: rollup_lock
 -- One folder per namespace at a time: try the namespace's rollup lock for the rest of this transaction (no parameters)
 SELECT pg_try_advisory_xact_lock(hashtext(current_schema() || '.finished_rollup')) AS held;
 
 -- name: rollup_bounds
--- Where the fold stands (null: never folded) and how far it may go now: the start of the minute $1 seconds ago, and not past the minute in which the oldest open transaction of this database began (its finishing writes would carry that time), unless that began over $2 seconds ago ($1 settle seconds, $2 longest wait for an open transaction)
+-- Where the fold stands (null: never folded) and how far it may go now: $1 seconds ago, and not past the start of the oldest open transaction of this database (its finishing writes would carry that time), unless that began over $2 seconds ago ($1 settle seconds, $2 longest wait for an open transaction)
 SELECT (SELECT folded_to FROM finished_minutes_folded) AS folded_to,
-       least(date_trunc('minute', now() - make_interval(secs => $1)),
-             greatest(date_trunc('minute', now() - make_interval(secs => $2)),
-                      coalesce(date_trunc('minute', (
-                          SELECT min(xact_start) FROM pg_stat_activity
-                          WHERE datname = current_database()
-                            AND backend_type = 'client backend'
-                            AND pid <> pg_backend_pid())), 'infinity'))) AS frontier;
+       least(now() - make_interval(secs => $1),
+             greatest(now() - make_interval(secs => $2),
+                      coalesce((SELECT min(xact_start) FROM pg_stat_activity
+                                WHERE datname = current_database()
+                                  AND backend_type = 'client backend'
+                                  AND pid <> pg_backend_pid()), 'infinity'))) AS frontier;
 
 -- name: oldest_finished
 -- The oldest finish time among the kept rows of final status (where a first fold starts), or null; one probe of jobs_finished per status (no parameters)
@@ -28,14 +32,14 @@ SELECT least((SELECT min(finished_at) FROM jobs
               WHERE status = 'dead' AND finished_at IS NOT NULL)) AS oldest;
 
 -- name: fold_finished_minutes
--- Fold the jobs that finished in [$1, $2) (whole minutes) into one rollup row per minute, lane and tenant: counts per final status and the sparse run and wait histograms of the jobs that started; returns the rows folded ($1 from, $2 to)
+-- Fold the jobs that finished in [$1, $2) into the rollup row of their minute, lane and tenant (added to a row a fold of the minute's earlier part wrote): counts per final status and the sparse run and wait histograms of the jobs that started; returns the rows written ($1 from, $2 to)
 WITH done AS (
     SELECT date_trunc('minute', finished_at) AS minute, queue, tenant, status,
            CASE WHEN started_at IS NOT NULL
-                THEN duration_bucket(extract(epoch FROM finished_at - started_at)::float8)
+                THEN duration_bucket(date_part('epoch', finished_at - started_at))
            END AS run_b,
            CASE WHEN started_at IS NOT NULL
-                THEN duration_bucket(extract(epoch FROM started_at - created_at)::float8)
+                THEN duration_bucket(date_part('epoch', started_at - created_at))
            END AS wait_b
     FROM jobs
     WHERE status IN ('succeeded', 'failed', 'cancelled', 'dead')
@@ -71,6 +75,19 @@ folded AS (
     FROM counts AS c
     LEFT JOIN run AS r USING (minute, queue, tenant)
     LEFT JOIN wait AS w USING (minute, queue, tenant)
+    ON CONFLICT (minute, queue, tenant) DO UPDATE
+    SET succeeded = finished_minutes.succeeded + excluded.succeeded,
+        failed = finished_minutes.failed + excluded.failed,
+        cancelled = finished_minutes.cancelled + excluded.cancelled,
+        dead = finished_minutes.dead + excluded.dead,
+        (run_buckets, run_counts) = (
+            SELECT buckets, counts FROM histogram_add(
+                finished_minutes.run_buckets, finished_minutes.run_counts,
+                excluded.run_buckets, excluded.run_counts)),
+        (wait_buckets, wait_counts) = (
+            SELECT buckets, counts FROM histogram_add(
+                finished_minutes.wait_buckets, finished_minutes.wait_counts,
+                excluded.wait_buckets, excluded.wait_counts))
     RETURNING 1
 )
 SELECT count(*) FROM folded;
@@ -83,46 +100,38 @@ SELECT folded_to FROM finished_minutes_folded;
 -- How many rollup rows are kept (no parameters)
 SELECT count(*) FROM finished_minutes;
 
+-- name: reset_rollup
+-- Forget the rollup and where the fold stands: the next fold starts from the oldest kept row (no parameters)
+WITH gone AS (DELETE FROM finished_minutes_folded)
+DELETE FROM finished_minutes;
+
 -- name: set_folded_to
 -- Record that every minute before $1 is folded ($1 the new frontier)
 INSERT INTO finished_minutes_folded (one, folded_to) VALUES (true, $1::timestamptz)
 ON CONFLICT (one) DO UPDATE SET folded_to = excluded.folded_to;
 
--- name: finished_rollup_stats
--- `coldbrew stats --since`: per lane and tenant, the jobs that finished in the last $1 seconds by final status, and the summed run and wait histograms of those that started; whole folded minutes from finished_minutes, the rest (the window's first partial minute, the minutes not folded yet) from the raw rows, two ranges of jobs_finished ($1 seconds, $2 tenant or null)
+-- name: rollup_window
+-- The window of `stats --since $1` from the start of the minute $1 seconds ago: [since, hi) from the rollup, from hi on from the raw rows; hi is where the fold stands (since if it stands before) ($1 seconds)
 WITH w AS (
-    SELECT now() - make_interval(secs => $1) AS since,
+    SELECT date_trunc('minute', now() - make_interval(secs => $1)) AS since,
            coalesce((SELECT folded_to FROM finished_minutes_folded), '-infinity') AS folded_to
-),
-b AS (  -- the folded minutes inside the window: [lo, hi)
-    SELECT since,
-           CASE WHEN date_trunc('minute', since) = since THEN since
-                ELSE date_trunc('minute', since) + interval '1 minute' END AS lo,
-           folded_to
-    FROM w
-),
-r AS (
-    SELECT since, lo, greatest(lo, folded_to) AS hi FROM b
-),
-rolled AS (
-    SELECT m.* FROM finished_minutes AS m, r
-    WHERE m.minute >= r.lo AND m.minute < r.hi
-      AND ($2::text IS NULL OR m.tenant = $2)
+)
+SELECT since, greatest(since, folded_to) AS hi FROM w;
+
+-- name: finished_rollup_stats
+-- `coldbrew stats --since`: per lane and tenant, the jobs that finished in the window by final status, and the summed run and wait histograms of those that started: the rollup rows of the minutes from $1 that the fold reached ($2: the last may be a minute folded in part, up to $2), the raw rows from $2 on (a range of jobs_finished); the bounds come from rollup_window, as values so that the planner sees how few rows they span; in the same snapshot ($1 window start, $2 where the fold stands, $3 tenant or null)
+WITH rolled AS (
+    SELECT m.* FROM finished_minutes AS m
+    WHERE m.minute >= $1::timestamptz AND m.minute < $2::timestamptz
+      AND ($3::text IS NULL OR m.tenant = $3)
 ),
 raw AS (
     SELECT j.queue, j.tenant, j.status, j.started_at, j.finished_at, j.created_at
-    FROM jobs AS j, r
+    FROM jobs AS j
     WHERE j.status IN ('succeeded', 'failed', 'cancelled', 'dead')
       AND j.finished_at IS NOT NULL
-      AND j.finished_at >= r.since AND j.finished_at < r.lo
-      AND ($2::text IS NULL OR j.tenant = $2)
-    UNION ALL
-    SELECT j.queue, j.tenant, j.status, j.started_at, j.finished_at, j.created_at
-    FROM jobs AS j, r
-    WHERE j.status IN ('succeeded', 'failed', 'cancelled', 'dead')
-      AND j.finished_at IS NOT NULL
-      AND j.finished_at >= r.hi
-      AND ($2::text IS NULL OR j.tenant = $2)
+      AND j.finished_at >= $2::timestamptz
+      AND ($3::text IS NULL OR j.tenant = $3)
 ),
 counts AS (
     SELECT queue, tenant, sum(succeeded)::int8 AS succeeded, sum(failed)::int8 AS failed,
@@ -149,11 +158,11 @@ buckets AS (
         FROM rolled AS m, unnest(m.wait_buckets, m.wait_counts) AS u(b, n)
         UNION ALL
         SELECT queue, tenant, 'run',
-               duration_bucket(extract(epoch FROM finished_at - started_at)::float8), 1
+               duration_bucket(date_part('epoch', finished_at - started_at)), 1
         FROM raw WHERE started_at IS NOT NULL
         UNION ALL
         SELECT queue, tenant, 'wait',
-               duration_bucket(extract(epoch FROM started_at - created_at)::float8), 1
+               duration_bucket(date_part('epoch', started_at - created_at)), 1
         FROM raw WHERE started_at IS NOT NULL
     ) AS x
     GROUP BY queue, tenant, kind, b
