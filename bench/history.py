@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import secrets
 import subprocess
 import sys
@@ -316,6 +317,20 @@ async def run_retention(cfg: Config, args: argparse.Namespace) -> dict[str, Any]
     return {"rounds": rounds, "ratio": Spread.of(ratios).as_dict()}
 
 
+async def time_window_reads(store: JobStore) -> dict[str, float]:
+    """``stats --since 1h``'s read (the rollup and the rows after the fold) and the exact
+    read of every row beside it, once each, in ms, while the fleet works."""
+    out = {}
+    for name, read in (
+        ("finished_stats_1h_ms", store.stats.finished_stats),
+        ("exact_finished_stats_1h_ms", store.stats.exact_finished_stats),
+    ):
+        started = time.perf_counter()
+        await read(3600)
+        out[name] = (time.perf_counter() - started) * 1000
+    return out
+
+
 async def run_steady(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
     samples = []
     env = RETENTION_OFF | {
@@ -327,7 +342,10 @@ async def run_steady(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
         conn = await asyncpg.connect(cfg.database_url)
         connection = await aio_pika.connect(cfg.amqp_url)
         try:
-            async with worker_process(cfg, namespace, "steady", extra_env=env):
+            async with (
+                worker_process(cfg, namespace, "steady", extra_env=env),
+                JobStore.open(cfg.database_url, namespace, pool_size=1) as store,
+            ):
                 channel = await connection.channel(publisher_confirms=False)
                 exchange = await channel.get_exchange(f"{namespace}.jobs")
                 started = time.perf_counter()
@@ -356,7 +374,8 @@ async def run_steady(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
                             "   WHERE relid = $1::regclass) AS autovacuums",
                             table,
                         )
-                        samples.append({"t": round(now - started), **dict(row)})
+                        reads = await time_window_reads(store)
+                        samples.append({"t": round(now - started), **dict(row), **reads})
                         progress(f"steady: {samples[-1]}")
                         next_sample += 10
                     await asyncio.sleep(0.01)
@@ -434,6 +453,8 @@ def render(result: dict[str, Any]) -> str:
             lines.append(
                 f"  t={s['t']:>4} s  {s['bytes'] / 1e6:7.1f} MB  {s['rows']:>8} rows"
                 f"  autovacuums {s['autovacuums']}"
+                f"  stats --since 1h {s.get('finished_stats_1h_ms', math.nan):.1f} ms"
+                f" (exact {s.get('exact_finished_stats_1h_ms', math.nan):.1f} ms)"
             )
     return "\n".join(lines)
 
