@@ -260,9 +260,9 @@ class Settings(BaseSettings):
     # The rollup of finished jobs (worker/rollup.py): how often one worker of the fleet folds
     # the minutes due, and how long after a minute ends it may be folded (a finishing write
     # carries its transaction's start; open transactions hold the fold back too). `stats
-    # --since` reads the raw rows of the minutes not folded yet: about a minute plus these.
-    stats_rollup_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
-    stats_rollup_settle_seconds: Annotated[float, Field(ge=0, le=3600)] = 5.0
+    # --since` reads the raw rows after the fold: these two's worth at most.
+    stats_rollup_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    stats_rollup_settle_seconds: Annotated[float, Field(ge=0, le=3600)] = 2.0
     reconcile_seconds: Annotated[float, Field(ge=0.3, le=86_400)] = 60.0
 
     max_attempts: Annotated[int, Field(ge=1, le=1000)] = 5

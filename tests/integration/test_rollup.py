@@ -98,18 +98,12 @@ async def fold_all(store: JobStore, settle: float = 0.0) -> int:
 async def both(
     db: asyncpg.Connection, since: float | str, tenant: str | None = None
 ) -> tuple[list[FinishedStats], list[FinishedStats]]:
-    """The rollup's answer and the raw rows' over the same window (from the start of the
-    minute ``since`` seconds ago), in one snapshot; ``since`` is seconds, or an SQL
-    expression of them evaluated at that snapshot's now()."""
+    """The rollup's answer and the raw rows' for the same window in one snapshot (one
+    now()); ``since`` is seconds, or an SQL expression of them evaluated at that now()."""
     async with db.transaction(isolation="repeatable_read"):
         seconds = since if isinstance(since, float) else await db.fetchval(f"SELECT {since}")
         rolled = await read_finished_in(db, seconds, tenant)
-        exact = await db.fetchval(
-            "SELECT date_part('epoch', now() - date_trunc('minute', now() - make_interval("
-            "secs => $1)))",
-            seconds,
-        )
-        raw = await db.fetch(QUERIES["finished_stats"].text, exact, tenant)
+        raw = await db.fetch(QUERIES["finished_stats"].text, seconds, tenant)
     return rolled, [FinishedStats(**dict(r)) for r in raw]
 
 
@@ -171,25 +165,34 @@ async def test_rollup_equals_raw_computation(db: asyncpg.Connection, store: JobS
 async def test_minute_boundaries_and_the_fold_frontier_count_each_job_once(
     db: asyncpg.Connection, store: JobStore
 ) -> None:
-    """Jobs finished a microsecond either side of a minute boundary are counted by the window
-    that starts on that minute, or not, exactly as the raw rows are; the current minute,
-    folded in parts with jobs finishing between the folds, counts each job once."""
+    """Jobs finished a microsecond either side of a minute boundary, and windows that start
+    anywhere in a minute (its rows after the start added, or the minute's rollup row taken
+    and its rows before the start subtracted), count exactly what the raw rows count; the
+    current minute, folded in parts with jobs finishing between the folds, counts each
+    job once."""
     now = await db.fetchval("SELECT now()")
     minute = now.replace(second=0, microsecond=0)
     tick = timedelta(microseconds=1)
     edges = [minute - timedelta(minutes=m) for m in (1, 2, 7)]
     finished = [at + d for at in edges for d in (-tick, timedelta(0), tick)]
+    # a job every second of the minute 5 minutes ago, for windows starting inside it
+    inside = minute - timedelta(minutes=5)
+    finished += [inside + timedelta(seconds=n, microseconds=500) for n in range(60)]
     await insert_jobs(db, finished, seed=2, prefix="edge")
     await fold_all(store)
     folded = await store.rollup.folded_to()
     assert folded is not None and folded >= now
-    # windows that start on an edge: its row a microsecond before is out
-    for edge, counted in zip(edges, (2, 5, 8), strict=True):
+    for edge, counted in zip(edges, (2, 5, 68), strict=True):
         start = f"date_part('epoch', now() - '{edge.isoformat()}'::timestamptz)"
-        for shift in ("", " - 59.9"):
+        for shift, more in (("", 0), (" + 0.000001", 1), (" - 0.000001", -1)):
             rolled, raw = await both(db, start + shift)
-            assert sum(r.total for r in raw) == counted, (edge, shift)
+            assert sum(r.total for r in raw) == counted + more, (edge, shift)
             assert_same(rolled, raw)
+    for offset in (0.0, 0.0004, 0.0006, 10.0, 29.9, 30.1, 50.0, 59.9995):
+        start = f"date_part('epoch', now() - '{inside.isoformat()}'::timestamptz) - {offset}"
+        rolled, raw = await both(db, start)
+        assert sum(r.total for r in raw) == 6 + 60 - math.ceil(offset - 0.0005), offset
+        assert_same(rolled, raw)
     # the current minute in parts: jobs finished after the fold, folded again, and after
     for part in range(3):
         at = await db.fetchval("SELECT now()")

@@ -87,6 +87,43 @@ def _value_at(buckets: Sequence[int], counts: Sequence[int], rank: int) -> float
     return bucket_middle(buckets[-1])
 
 
+MINUTE = timedelta(minutes=1)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPlan:
+    """How ``stats --since`` reads the window ``[since, now]`` exactly: the rollup rows of
+    the minutes ``[rolled_from, rolled_to)``, plus the raw rows of ``add`` and those from
+    ``tail`` on, minus the raw rows of ``subtract`` (half-open ranges; an empty one is
+    ``(x, x)``). The folded minutes end at ``tail`` (where the fold stands)."""
+
+    rolled_from: datetime
+    rolled_to: datetime
+    add: tuple[datetime, datetime]
+    tail: datetime
+    subtract: tuple[datetime, datetime]
+
+
+def plan_window(since: datetime, folded_to: datetime | None) -> WindowPlan:
+    """Split the window from ``since`` given that every finish before ``folded_to`` is in
+    the rollup (pure).
+
+    The window's first minute is usually partial. Its rows after ``since`` are read raw
+    (``add``) when they are fewer than those before it; otherwise the minute's rollup row
+    is taken and its rows before ``since`` are read raw and subtracted (``subtract``), so
+    no more than half a minute of rows is read for the window's start, and the counts
+    stay exact. When the fold has not passed the window's first whole minute (a short
+    window, a fold behind, or none yet: ``None``), everything is read raw.
+    """
+    first = since.replace(second=0, microsecond=0)
+    whole = since if first == since else first + MINUTE
+    if folded_to is None or folded_to <= whole:
+        return WindowPlan(whole, whole, (since, since), since, (since, since))
+    if since - first < whole - since:
+        return WindowPlan(first, folded_to, (since, since), folded_to, (first, since))
+    return WindowPlan(whole, folded_to, (since, whole), folded_to, (since, since))
+
+
 @dataclass(frozen=True, slots=True)
 class FoldStep:
     """What one fold step did: the finish times ``[start, end)`` it folded (none when ``end``
@@ -112,7 +149,9 @@ class RollupStore(StoreBase):
         finishing write still to commit carries a later time, so nothing lands behind
         the fold. A transaction open longer than ``max_wait_seconds`` stops holding it
         back (a session idle in a transaction for hours must not stall it); a finishing
-        write it commits later behind the fold is then not counted. The current minute
+        write it commits later behind the fold is then not counted. (Sessions of another
+        role show no ``xact_start`` unless this one has ``pg_read_all_stats``: only the
+        settle time covers theirs.) The current minute
         is folded in parts, each added to its row. The first fold starts at the minute
         of the oldest kept finished row.
         """

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -12,7 +11,7 @@ import asyncpg
 from coldbrew.sql import QUERIES
 from coldbrew.store.base import StoreBase
 from coldbrew.store.records import QueueStats
-from coldbrew.store.rollup import RELATIVE_ERROR, percentile
+from coldbrew.store.rollup import RELATIVE_ERROR, percentile, plan_window
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +31,6 @@ class FinishedStats:
     percentile_relative_error: float = RELATIVE_ERROR
     """The percentiles come from log-scale buckets (store/rollup.py): each is within this
     fraction of the exact value (or 0.05 ms, for durations under 0.1 ms)."""
-    window_start: datetime | None = None
-    """Where the window began: the start of the minute ``since`` seconds ago (the rollup
-    has whole minutes), so up to a minute more than asked."""
 
     @property
     def total(self) -> int:
@@ -51,9 +47,10 @@ class StatsStore(StoreBase):
     async def finished_stats(
         self, since_seconds: float, tenant: str | None = None
     ) -> list[FinishedStats]:
-        """What finished since the start of the minute ``since_seconds`` ago, per lane and
-        tenant: the per-minute rollup (migration 0024) up to where the fold stands, the
-        raw rows after it (seconds' worth); percentiles from the summed histograms. The
+        """What finished in the last ``since_seconds``, per lane and tenant: the per-minute
+        rollup (migration 0024) up to where the fold stands, the raw rows after it
+        (seconds' worth) and of the window's first partial minute (``plan_window``: at
+        most half a minute's); counts exact, percentiles from the summed histograms. The
         worker's gauges keep reading ``queue_stats`` only."""
         return await self._run(lambda conn: read_finished(conn, since_seconds, tenant))
 
@@ -101,9 +98,9 @@ async def read_finished(
 ) -> list[FinishedStats]:
     """``finished_stats`` on one connection, in one repeatable-read snapshot (a fold that
     commits meanwhile must not add to the rollup rows what the raw rows count): the
-    window's bounds first, then the read with them as values (the planner then sees how
-    few rows they span), without JIT (a second of compiling for a read of milliseconds,
-    measured)."""
+    window's start and the fold's frontier first, then the read with the ranges
+    ``plan_window`` makes of them as values (the planner then sees how few rows they
+    span), without JIT (a second of compiling for a read of milliseconds, measured)."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         return await read_finished_in(conn, since_seconds, tenant)
 
@@ -115,13 +112,22 @@ async def read_finished_in(
     worth of consistency is lost)."""
     await conn.execute(QUERIES["rollup_no_jit"].text)
     window = await conn.fetchrow(QUERIES["rollup_window"].text, since_seconds)
+    plan = plan_window(window["since"], window["folded_to"])
     rows = await conn.fetch(
-        QUERIES["finished_rollup_stats"].text, window["since"], window["hi"], tenant
+        QUERIES["finished_rollup_stats"].text,
+        plan.rolled_from,
+        plan.rolled_to,
+        plan.add[0],
+        plan.add[1],
+        plan.tail,
+        plan.subtract[0],
+        plan.subtract[1],
+        tenant,
     )
-    return [finished_from_histograms(row, window["since"]) for row in rows]
+    return [finished_from_histograms(row) for row in rows]
 
 
-def finished_from_histograms(row: Mapping[str, Any], start: datetime) -> FinishedStats:
+def finished_from_histograms(row: Mapping[str, Any]) -> FinishedStats:
     """A row of ``finished_rollup_stats``: counts, and the percentiles of its histograms."""
     return FinishedStats(
         queue=row["queue"],
@@ -133,7 +139,6 @@ def finished_from_histograms(row: Mapping[str, Any], start: datetime) -> Finishe
         run_p50_seconds=percentile(row["run_buckets"], row["run_counts"], 0.5),
         run_p95_seconds=percentile(row["run_buckets"], row["run_counts"], 0.95),
         wait_p50_seconds=percentile(row["wait_buckets"], row["wait_counts"], 0.5),
-        window_start=start,
     )
 
 

@@ -111,68 +111,90 @@ INSERT INTO finished_minutes_folded (one, folded_to) VALUES (true, $1::timestamp
 ON CONFLICT (one) DO UPDATE SET folded_to = excluded.folded_to;
 
 -- name: rollup_window
--- The window of `stats --since $1` from the start of the minute $1 seconds ago: [since, hi) from the rollup, from hi on from the raw rows; hi is where the fold stands (since if it stands before) ($1 seconds)
-WITH w AS (
-    SELECT date_trunc('minute', now() - make_interval(secs => $1)) AS since,
-           coalesce((SELECT folded_to FROM finished_minutes_folded), '-infinity') AS folded_to
-)
-SELECT since, greatest(since, folded_to) AS hi FROM w;
+-- The start of the window of the last $1 seconds and where the fold stands (null: never folded), read in the snapshot of the stats read that follows ($1 seconds)
+SELECT now() - make_interval(secs => $1) AS since,
+       (SELECT folded_to FROM finished_minutes_folded) AS folded_to;
 
 -- name: finished_rollup_stats
--- `coldbrew stats --since`: per lane and tenant, the jobs that finished in the window by final status, and the summed run and wait histograms of those that started: the rollup rows of the minutes from $1 that the fold reached ($2: the last may be a minute folded in part, up to $2), the raw rows from $2 on (a range of jobs_finished); the bounds come from rollup_window, as values so that the planner sees how few rows they span; in the same snapshot ($1 window start, $2 where the fold stands, $3 tenant or null)
+-- `coldbrew stats --since`: per lane and tenant, the jobs that finished in the window by final status, and the summed run and wait histograms of those that started: the rollup rows of minutes [$1, $2), plus the raw rows of [$3, $4) and from $5 on, minus those of [$6, $7) (store/rollup.py's WindowPlan says which; empty ranges are (x, x)); as values so that the planner sees how few rows they span ($1 rollup from, $2 rollup to, $3 add from, $4 add to, $5 tail from, $6 subtract from, $7 subtract to, $8 tenant or null)
 WITH rolled AS (
     SELECT m.* FROM finished_minutes AS m
     WHERE m.minute >= $1::timestamptz AND m.minute < $2::timestamptz
-      AND ($3::text IS NULL OR m.tenant = $3)
+      AND ($8::text IS NULL OR m.tenant = $8)
 ),
-raw AS (
-    SELECT j.queue, j.tenant, j.status, j.started_at, j.finished_at, j.created_at
-    FROM jobs AS j
-    WHERE j.status IN ('succeeded', 'failed', 'cancelled', 'dead')
-      AND j.finished_at IS NOT NULL
-      AND j.finished_at >= $2::timestamptz
-      AND ($3::text IS NULL OR j.tenant = $3)
+raw AS (  -- one pass over the raw rows: a signed count per lane, tenant, status, buckets
+    SELECT queue, tenant, status, run_b, wait_b, sum(sign)::int8 AS n
+    FROM (
+        SELECT j.queue, j.tenant, j.status, j.started_at, j.finished_at, j.created_at, 1 AS sign
+        FROM jobs AS j
+        WHERE j.status IN ('succeeded', 'failed', 'cancelled', 'dead')
+          AND j.finished_at IS NOT NULL
+          AND j.finished_at >= $3::timestamptz AND j.finished_at < $4::timestamptz
+          AND ($8::text IS NULL OR j.tenant = $8)
+        UNION ALL
+        SELECT j.queue, j.tenant, j.status, j.started_at, j.finished_at, j.created_at, 1 AS sign
+        FROM jobs AS j
+        WHERE j.status IN ('succeeded', 'failed', 'cancelled', 'dead')
+          AND j.finished_at IS NOT NULL
+          AND j.finished_at >= $5::timestamptz
+          AND ($8::text IS NULL OR j.tenant = $8)
+        UNION ALL
+        SELECT j.queue, j.tenant, j.status, j.started_at, j.finished_at, j.created_at, -1 AS sign
+        FROM jobs AS j
+        WHERE j.status IN ('succeeded', 'failed', 'cancelled', 'dead')
+          AND j.finished_at IS NOT NULL
+          AND j.finished_at >= $6::timestamptz AND j.finished_at < $7::timestamptz
+          AND ($8::text IS NULL OR j.tenant = $8)
+    ) AS x,
+    LATERAL (
+        SELECT CASE WHEN x.started_at IS NOT NULL
+                    THEN duration_bucket(date_part('epoch', x.finished_at - x.started_at))
+               END AS run_b,
+               CASE WHEN x.started_at IS NOT NULL
+                    THEN duration_bucket(date_part('epoch', x.started_at - x.created_at))
+               END AS wait_b
+    ) AS d
+    GROUP BY queue, tenant, status, run_b, wait_b
 ),
 counts AS (
-    SELECT queue, tenant, sum(succeeded)::int8 AS succeeded, sum(failed)::int8 AS failed,
-           sum(cancelled)::int8 AS cancelled, sum(dead)::int8 AS dead
+    -- at least 0: a row subtracted that the rollup lacks (pruned, replayed) takes nothing
+    SELECT queue, tenant, greatest(sum(succeeded), 0)::int8 AS succeeded,
+           greatest(sum(failed), 0)::int8 AS failed,
+           greatest(sum(cancelled), 0)::int8 AS cancelled, greatest(sum(dead), 0)::int8 AS dead
     FROM (
         SELECT queue, tenant, succeeded, failed, cancelled, dead FROM rolled
         UNION ALL
         SELECT queue, tenant,
-               count(*) FILTER (WHERE status = 'succeeded'),
-               count(*) FILTER (WHERE status = 'failed'),
-               count(*) FILTER (WHERE status = 'cancelled'),
-               count(*) FILTER (WHERE status = 'dead')
+               coalesce(sum(n) FILTER (WHERE status = 'succeeded'), 0),
+               coalesce(sum(n) FILTER (WHERE status = 'failed'), 0),
+               coalesce(sum(n) FILTER (WHERE status = 'cancelled'), 0),
+               coalesce(sum(n) FILTER (WHERE status = 'dead'), 0)
         FROM raw GROUP BY queue, tenant
     ) AS c
     GROUP BY queue, tenant
 ),
-buckets AS (
+buckets AS (  -- kind 0: run time, 1: wait
     SELECT queue, tenant, kind, b, sum(n)::int8 AS n
     FROM (
-        SELECT m.queue, m.tenant, 'run' AS kind, u.b, u.n
+        SELECT m.queue, m.tenant, 0 AS kind, u.b, u.n
         FROM rolled AS m, unnest(m.run_buckets, m.run_counts) AS u(b, n)
         UNION ALL
-        SELECT m.queue, m.tenant, 'wait', u.b, u.n
+        SELECT m.queue, m.tenant, 1, u.b, u.n
         FROM rolled AS m, unnest(m.wait_buckets, m.wait_counts) AS u(b, n)
         UNION ALL
-        SELECT queue, tenant, 'run',
-               duration_bucket(date_part('epoch', finished_at - started_at)), 1
-        FROM raw WHERE started_at IS NOT NULL
+        SELECT queue, tenant, 0, run_b, n FROM raw WHERE run_b IS NOT NULL
         UNION ALL
-        SELECT queue, tenant, 'wait',
-               duration_bucket(date_part('epoch', started_at - created_at)), 1
-        FROM raw WHERE started_at IS NOT NULL
+        SELECT queue, tenant, 1, wait_b, n FROM raw WHERE wait_b IS NOT NULL
     ) AS x
     GROUP BY queue, tenant, kind, b
+    HAVING sum(n) > 0  -- a subtracted row's buckets net to zero
 ),
 hist AS (
     SELECT queue, tenant,
-           array_agg(b ORDER BY b) FILTER (WHERE kind = 'run') AS run_buckets,
-           array_agg(n ORDER BY b) FILTER (WHERE kind = 'run') AS run_counts,
-           array_agg(b ORDER BY b) FILTER (WHERE kind = 'wait') AS wait_buckets,
-           array_agg(n ORDER BY b) FILTER (WHERE kind = 'wait') AS wait_counts
+           array_agg(b ORDER BY b) FILTER (WHERE kind = 0) AS run_buckets,
+           array_agg(n ORDER BY b) FILTER (WHERE kind = 0) AS run_counts,
+           array_agg(b ORDER BY b) FILTER (WHERE kind = 1) AS wait_buckets,
+           array_agg(n ORDER BY b) FILTER (WHERE kind = 1) AS wait_counts
     FROM buckets GROUP BY queue, tenant
 )
 SELECT c.queue, c.tenant, c.succeeded, c.failed, c.cancelled, c.dead,
@@ -181,6 +203,7 @@ SELECT c.queue, c.tenant, c.succeeded, c.failed, c.cancelled, c.dead,
        coalesce(h.wait_counts, '{}') AS wait_counts
 FROM counts AS c
 LEFT JOIN hist AS h USING (queue, tenant)
+WHERE c.succeeded + c.failed + c.cancelled + c.dead > 0
 ORDER BY c.queue, c.tenant;
 
 -- name: prune_finished_minutes
