@@ -33,14 +33,22 @@ class RollupService:
 
     name = "rollup"
 
-    def __init__(self, store: JobStore, *, interval: float, settle: float) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        interval: float,
+        settle: float,
+        max_wait: float = MAX_WAIT_SECONDS,
+    ) -> None:
         self.store = store
         self.settle = settle
+        self.max_wait = max_wait
         self._loop = Periodic(self.name, self.step, interval=interval, full_batch=1)
 
     async def step(self) -> int:
         """One fold step; 1 when more minutes are due at once (a full batch), else 0."""
-        done = await self.store.rollup.fold_step(self.settle, MAX_WAIT_SECONDS)
+        done = await self.store.rollup.fold_step(self.settle, self.max_wait)
         if done.start is not None and done.more:
             log.info("rollup_catching_up", folded_to=str(done.end), rows=done.rows)
         return 1 if done.more else 0
