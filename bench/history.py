@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import secrets
 import subprocess
 import sys
@@ -72,12 +73,12 @@ RETENTION_1D = POOL | {
 }
 
 # $1 first row number, $2 last, $3 seconds before now that the newest row finished, $4 the
-# span (seconds) the rows' finish times spread over
+# span (seconds) the rows' finish times spread over, $5 the ids' prefix
 GENERATE = """
 INSERT INTO jobs (id, type, queue, tenant, args, status, priority, attempt, max_attempts,
                   created_at, started_at, finished_at, run_at, updated_at, error_kind,
                   dead_reason, result)
-SELECT 'h-' || s, 'noop', 'default', 't' || (s % 20), '{}'::jsonb,
+SELECT $5 || s, 'noop', 'default', 't' || (s % 20), '{}'::jsonb,
        (CASE WHEN s % 100 < 96 THEN 'succeeded' WHEN s % 100 < 98 THEN 'failed'
              WHEN s % 100 < 99 THEN 'dead' ELSE 'cancelled' END)::job_status,
        0, 1, 3, f - interval '2 seconds', f - interval '1 second', f, f - interval '2 seconds',
@@ -101,9 +102,15 @@ async def timed(read: Callable[[], Awaitable[Any]], times: int) -> dict[str, flo
 
 
 async def generate(
-    conn: asyncpg.Connection, namespace: str, first: int, last: int, **kw: float
+    conn: asyncpg.Connection,
+    namespace: str,
+    first: int,
+    last: int,
+    *,
+    prefix: str = "h-",
+    **kw: float,
 ) -> float:
-    """Insert rows ``first..last``; VACUUM ANALYZE; return seconds."""
+    """Insert rows ``first..last`` (ids ``prefix`` + number); VACUUM ANALYZE; return seconds."""
     if last < first:
         return 0.0
     started = time.perf_counter()
@@ -111,7 +118,9 @@ async def generate(
     step = 1_000_000
     for low in range(first, last + 1, step):
         high = min(last, low + step - 1)
-        await conn.execute(GENERATE, low, high, kw.get("ago", 0.0), kw.get("span", 30 * 86400.0))
+        await conn.execute(
+            GENERATE, low, high, kw.get("ago", 0.0), kw.get("span", 30 * 86400.0), prefix
+        )
         progress(f"  generated rows {low:,}..{high:,} ({time.perf_counter() - started:.0f} s)")
     # what a running fleet's stats refresher does every few seconds (store/stats.py)
     await conn.execute(
@@ -121,6 +130,28 @@ async def generate(
     await conn.execute("VACUUM ANALYZE jobs")
     await conn.execute("RESET search_path")
     return time.perf_counter() - started
+
+
+async def refold(cfg: Config, namespace: str) -> dict[str, float]:
+    """Fold the generated rows into the per-minute rollup that ``stats --since`` reads
+    (migration 0024), from scratch, as a fleet does once after the migration: the rows were
+    inserted with past finish times, which a running fold never sees. Seconds in all, and
+    the longest step (an hour of minutes)."""
+    async with JobStore.open(cfg.database_url, namespace, pool_size=1) as store:
+        await store.rollup.reset()
+        started = time.perf_counter()
+        steps, longest = 0, 0.0
+        while True:
+            step_started = time.perf_counter()
+            done = await store.rollup.fold_step(0.0, 0.0)
+            longest = max(longest, time.perf_counter() - step_started)
+            steps += 1
+            if not done.more:
+                break
+        rows = await store.rollup.rollup_rows()
+    seconds = time.perf_counter() - started
+    progress(f"  folded {steps} steps, {rows:,} rollup rows in {seconds:.1f} s")
+    return {"seconds": seconds, "steps": steps, "longest_step_seconds": longest, "rows": rows}
 
 
 @contextlib.asynccontextmanager
@@ -172,6 +203,9 @@ async def time_reads(cfg: Config, namespace: str, reads: int) -> dict[str, Any]:
     async with JobStore.open(cfg.database_url, namespace, pool_size=2) as store:
         out["queue_stats_ms"] = await timed(store.stats.queue_stats, reads)
         out["finished_stats_1h_ms"] = await timed(lambda: store.stats.finished_stats(3600), reads)
+        out["exact_finished_stats_1h_ms"] = await timed(
+            lambda: store.stats.exact_finished_stats(3600), reads
+        )
         out["dlq_list_ms"] = await timed(lambda: store.dead.dlq_list(None, 50), reads)
         out["recent_dead_tenant_ms"] = await timed(lambda: store.dead.recent_dead("t3", 20), reads)
     out["coldbrew_stats_cli_ms"] = await timed(
@@ -221,12 +255,23 @@ async def run_levels(cfg: Config, args: argparse.Namespace) -> list[dict[str, An
                 progress(f"levels: {level:,} finished rows")
                 seconds = await generate(conn, namespace, have + 1, level)
                 have = max(have, level)
+                if args.window_rows:  # a busy last hour, as a fleet at window_rows/3600 jobs/s
+                    seconds += await generate(
+                        conn, namespace, 1, args.window_rows, prefix=f"w{index}-", span=3600.0
+                    )
+                folded = await refold(cfg, namespace)
+                in_window = await conn.fetchval(
+                    f"SELECT count(*) FROM {quote_ident(namespace)}.jobs"
+                    " WHERE finished_at >= now() - interval '1 hour'"
+                )
                 size = await conn.fetchval(SIZE_SQL, f"{quote_ident(namespace)}.jobs")
                 reads = await time_reads(cfg, namespace, args.reads)
                 drained = await drain(cfg, namespace, index, RETENTION_OFF)
                 results.append(
                     {
                         "rows": level,
+                        "rows_in_last_hour": in_window,
+                        "fold": folded,
                         "generate_seconds": seconds,
                         "table_bytes": size,
                         "reads": reads,
@@ -272,6 +317,20 @@ async def run_retention(cfg: Config, args: argparse.Namespace) -> dict[str, Any]
     return {"rounds": rounds, "ratio": Spread.of(ratios).as_dict()}
 
 
+async def time_window_reads(store: JobStore) -> dict[str, float]:
+    """``stats --since 1h``'s read (the rollup and the rows after the fold) and the exact
+    read of every row beside it, once each, in ms, while the fleet works."""
+    out = {}
+    for name, read in (
+        ("finished_stats_1h_ms", store.stats.finished_stats),
+        ("exact_finished_stats_1h_ms", store.stats.exact_finished_stats),
+    ):
+        started = time.perf_counter()
+        await read(3600)
+        out[name] = (time.perf_counter() - started) * 1000
+    return out
+
+
 async def run_steady(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
     samples = []
     env = RETENTION_OFF | {
@@ -283,7 +342,10 @@ async def run_steady(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
         conn = await asyncpg.connect(cfg.database_url)
         connection = await aio_pika.connect(cfg.amqp_url)
         try:
-            async with worker_process(cfg, namespace, "steady", extra_env=env):
+            async with (
+                worker_process(cfg, namespace, "steady", extra_env=env),
+                JobStore.open(cfg.database_url, namespace, pool_size=1) as store,
+            ):
                 channel = await connection.channel(publisher_confirms=False)
                 exchange = await channel.get_exchange(f"{namespace}.jobs")
                 started = time.perf_counter()
@@ -312,7 +374,8 @@ async def run_steady(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
                             "   WHERE relid = $1::regclass) AS autovacuums",
                             table,
                         )
-                        samples.append({"t": round(now - started), **dict(row)})
+                        reads = await time_window_reads(store)
+                        samples.append({"t": round(now - started), **dict(row), **reads})
                         progress(f"steady: {samples[-1]}")
                         next_sample += 10
                     await asyncio.sleep(0.01)
@@ -325,9 +388,11 @@ async def run_steady(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
 async def run(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"machine": await machine_info(cfg.amqp_url, cfg.database_url)}
     result["args"] = {k: v for k, v in vars(args).items() if k != "json"}
-    result["levels"] = await run_levels(cfg, args)
-    result["retention"] = await run_retention(cfg, args)
-    if args.steady_seconds > 0:
+    if "levels" in args.phases:
+        result["levels"] = await run_levels(cfg, args)
+    if "retention" in args.phases:
+        result["retention"] = await run_retention(cfg, args)
+    if "steady" in args.phases and args.steady_seconds > 0:
         try:
             result["steady"] = await run_steady(cfg, args)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, BenchError) as exc:
@@ -344,30 +409,42 @@ def render(result: dict[str, Any]) -> str:
         "metrics_ms",
         "queue_stats_ms",
         "finished_stats_1h_ms",
+        "exact_finished_stats_1h_ms",
         "dlq_list_ms",
         "recent_dead_tenant_ms",
     ]
-    lines.append("| finished rows | table MB | " + " | ".join(keys) + " | drain jobs/s |")
-    lines.append("|---" * (len(keys) + 3) + "|")
-    for level in result["levels"]:
-        cells = [f"{level['rows']:,}", f"{level['table_bytes'] / 1e6:.0f}"]
+    lines.append(
+        "| finished rows | in the last hour | table MB | " + " | ".join(keys) + " | drain jobs/s |"
+    )
+    lines.append("|---" * (len(keys) + 4) + "|")
+    for level in result.get("levels", []):
+        cells = [
+            f"{level['rows']:,}",
+            f"{level.get('rows_in_last_hour', 0):,}",
+            f"{level['table_bytes'] / 1e6:.0f}",
+        ]
         for key in keys:
-            s = level["reads"][key]
+            s = level["reads"].get(key)
+            if s is None:  # a run of a version without it
+                cells.append("-")
+                continue
             cells.append(f"{s['median']:.1f} [{s['min']:.1f}-{s['max']:.1f}]")
         cells.append(f"{level['drain']['jobs_per_second']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
-    retention = result["retention"]
-    lines.append("")
-    lines.append(
-        "retention drain (with / without prune, per round): "
-        + ", ".join(
-            f"{r['ratio']:.3f} ({r['with']['jobs_per_second']:.0f} / "
-            f"{r['without']['jobs_per_second']:.0f} jobs/s, {r['pruned_during_drain']:,} pruned)"
-            for r in retention["rounds"]
+    if "retention" in result:
+        retention = result["retention"]
+        lines.append("")
+        lines.append(
+            "retention drain (with / without prune, per round): "
+            + ", ".join(
+                f"{r['ratio']:.3f} ({r['with']['jobs_per_second']:.0f} / "
+                f"{r['without']['jobs_per_second']:.0f} jobs/s, "
+                f"{r['pruned_during_drain']:,} pruned)"
+                for r in retention["rounds"]
+            )
         )
-    )
-    ratio = retention["ratio"]
-    lines.append(f"median ratio {ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}]")
+        ratio = retention["ratio"]
+        lines.append(f"median ratio {ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}]")
     if "steady" in result:
         steady = result["steady"]
         lines.append("")
@@ -376,6 +453,8 @@ def render(result: dict[str, Any]) -> str:
             lines.append(
                 f"  t={s['t']:>4} s  {s['bytes'] / 1e6:7.1f} MB  {s['rows']:>8} rows"
                 f"  autovacuums {s['autovacuums']}"
+                f"  stats --since 1h {s.get('finished_stats_1h_ms', math.nan):.1f} ms"
+                f" (exact {s.get('exact_finished_stats_1h_ms', math.nan):.1f} ms)"
             )
     return "\n".join(lines)
 
@@ -384,6 +463,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--levels", default="0,1000000,10000000", type=lambda t: [int(x) for x in t.split(",")]
+    )
+    parser.add_argument(
+        "--phases",
+        default="levels,retention,steady",
+        type=lambda t: set(t.split(",")),
+        help="which phases run (levels, retention, steady; default all)",
+    )
+    parser.add_argument(
+        "--window-rows",
+        type=int,
+        default=0,
+        help="at each level, this many more rows finished over the last hour (1,800,000: a"
+        " fleet at 500 jobs/s); what `stats --since 1h` reads",
     )
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain")
     parser.add_argument("--reads", type=int, default=9, help="timed calls per read")

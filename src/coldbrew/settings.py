@@ -257,6 +257,12 @@ class Settings(BaseSettings):
     breaker_reset_seconds: Annotated[float, Field(gt=0)] = 30.0
     metrics_max_tenants: Annotated[int, Field(ge=1, le=10_000)] = 100
     stats_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+    # The rollup of finished jobs (worker/rollup.py): how often one worker of the fleet folds
+    # the minutes due, and how long after a minute ends it may be folded (a finishing write
+    # carries its transaction's start; open transactions hold the fold back too). `stats
+    # --since` reads the raw rows after the fold: these two's worth at most.
+    stats_rollup_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    stats_rollup_settle_seconds: Annotated[float, Field(ge=0, le=3600)] = 2.0
     reconcile_seconds: Annotated[float, Field(ge=0.3, le=86_400)] = 60.0
 
     max_attempts: Annotated[int, Field(ge=1, le=1000)] = 5
@@ -319,6 +325,10 @@ class Settings(BaseSettings):
     # The dashboard's audit log (who did what, from the dashboard) is kept this long; its
     # expired sessions go a day after they expire, whatever this says.
     retention_audit: float | None = 90 * 86_400.0
+    # The finished jobs' per-minute rollup (`coldbrew stats --since`, migration 0024): one
+    # row per minute, lane and tenant that finished jobs, kept this long ("off": forever).
+    # 30 d, as long as dead jobs: a `--since 7d` a month later still has its minutes.
+    retention_rollup: float | None = 30 * 86_400.0
     # how often the prune service looks, and the rows one of its statements deletes at most
     prune_interval_seconds: Annotated[float, Field(gt=0, le=86_400)] = 30.0
     prune_batch: Annotated[int, Field(ge=1, le=100_000)] = 1000
@@ -367,7 +377,7 @@ class Settings(BaseSettings):
             raise ValueError(str(exc).removeprefix("COLDBREW_CRON").lstrip(": ")) from None
         return value
 
-    @field_validator(*RETENTION_FIELDS, "retention_audit", mode="before")
+    @field_validator(*RETENTION_FIELDS, "retention_audit", "retention_rollup", mode="before")
     @classmethod
     def _parse_retention(cls, value: Any) -> Any:
         return parse_retention(value)

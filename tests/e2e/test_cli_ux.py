@@ -18,6 +18,8 @@ import time
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 
+import pytest
+
 from coldbrew.cli import main
 from coldbrew.client import Client
 from coldbrew.settings import Settings
@@ -228,6 +230,7 @@ async def test_stats_since_counts_finished_jobs(
         "run_p50_seconds": 0,
         "run_p95_seconds": 0,
         "wait_p50_seconds": 0,
+        "percentile_relative_error": pytest.approx(0.0443, abs=1e-4),
     }
     assert rows[("default", "acme")]["run_p50_seconds"] is not None
     nowhere = rows[("nowhere", "globex")]

@@ -49,7 +49,11 @@ async def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
         await store.check_schema()
         if args.dry_run:
             counts = await store.history.count_prunable(
-                retention.jobs, retention.rejected, retention.idle_buckets, retention.audit
+                retention.jobs,
+                retention.rejected,
+                retention.idle_buckets,
+                retention.audit,
+                retention.rollup,
             )
         else:
             pruned = await _prune(store, retention, settings.prune_batch)

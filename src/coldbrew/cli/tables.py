@@ -11,6 +11,7 @@ from typing import Any
 
 from coldbrew.cli.common import format_duration
 from coldbrew.store import FinishedStats, QueueStats
+from coldbrew.store.rollup import RELATIVE_ERROR
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,7 @@ def row_json(row: StatsRow, since_seconds: float, consumers: Mapping[str, int]) 
             "run_p50_seconds": None,
             "run_p95_seconds": None,
             "wait_p50_seconds": None,
+            "percentile_relative_error": RELATIVE_ERROR,
         }
     window = {"seconds": since_seconds} | {
         k: v for k, v in window.items() if k not in ("queue", "tenant")
@@ -130,5 +132,8 @@ def stats_lines(rows: Sequence[StatsRow], since_text: str) -> list[str]:
 
     split = [name for name, _ in COLUMNS].index("│")
     left = sum(widths[:split]) + split
-    title = f"{'waiting and running now':<{left}} │ finished in the last {since_text}"
+    title = (
+        f"{'waiting and running now':<{left}} │ finished in the last {since_text}"
+        f" (run times within {RELATIVE_ERROR:.1%})"
+    )
     return [title, fmt([name for name, _ in COLUMNS]), *(fmt(line) for line in cells)]

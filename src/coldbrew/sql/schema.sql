@@ -680,3 +680,52 @@ ALTER TABLE jobs
     ADD COLUMN traceparent text,
     ADD COLUMN tracestate text,
     ADD COLUMN trace_previous_span text;
+
+-- --- the per-minute rollup of finished jobs (migration 0024): `coldbrew stats --since` ---
+
+-- bucket 0: under 0.1 ms (negatives too); bucket k >= 1: [0.1 ms * 2^((k-1)/8),
+-- 0.1 ms * 2^(k/8)), up to 320 (open-ended); store/rollup.py holds the same constants
+CREATE FUNCTION duration_bucket(seconds float8) RETURNS smallint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- float8 constants: a numeric one (0.0001) makes the arithmetic numeric, 10x slower
+    SELECT CASE WHEN seconds < 1e-4::float8 THEN 0
+                ELSE least(320::float8,
+                           1::float8 + floor(8::float8 * log(seconds / 1e-4::float8)
+                                             / log(2::float8)))
+           END::smallint
+$$;
+
+-- the sum of two sparse histograms (bucket numbers ascending, counts)
+CREATE FUNCTION histogram_add(b1 smallint[], n1 bigint[], b2 smallint[], n2 bigint[],
+                              OUT buckets smallint[], OUT counts bigint[])
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(b ORDER BY b), '{}'), coalesce(array_agg(n ORDER BY b), '{}')
+    FROM (SELECT b, sum(n)::int8 AS n
+          FROM (SELECT * FROM unnest(b1, n1) UNION ALL SELECT * FROM unnest(b2, n2)) AS u(b, n)
+          GROUP BY b) AS s
+$$;
+
+-- per minute of finish time, lane and tenant: counts per final status, and the sparse
+-- histograms (bucket numbers ascending, counts) of the started jobs' run and wait times;
+-- folded (the current minute in parts) by one worker per interval (worker/rollup.py),
+-- pruned by COLDBREW_RETENTION_ROLLUP
+CREATE TABLE finished_minutes (
+    minute        timestamptz NOT NULL,
+    queue         text NOT NULL,
+    tenant        text NOT NULL,
+    succeeded     bigint NOT NULL,
+    failed        bigint NOT NULL,
+    cancelled     bigint NOT NULL,
+    dead          bigint NOT NULL,
+    run_buckets   smallint[] NOT NULL,
+    run_counts    bigint[] NOT NULL,
+    wait_buckets  smallint[] NOT NULL,
+    wait_counts   bigint[] NOT NULL,
+    PRIMARY KEY (minute, queue, tenant)
+);
+
+-- every minute before folded_to is in finished_minutes; readers take the raw rows from it on
+CREATE TABLE finished_minutes_folded (
+    one        boolean PRIMARY KEY DEFAULT true CHECK (one),
+    folded_to  timestamptz NOT NULL
+);

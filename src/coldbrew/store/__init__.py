@@ -11,6 +11,7 @@ concern, each with one method per named query in ``sql/queries.sql``:
 - ``store.tenants`` (tenants.py): tenant queues, tenant and job-type settings;
 - ``store.dead`` (dead.py): dead jobs and rejected messages;
 - ``store.stats`` (stats.py): counts per lane and tenant;
+- ``store.rollup`` (rollup.py): the per-minute rollup of finished jobs (``stats --since``);
 - ``store.cron`` (cron.py): cron schedules and the transaction that fires their ticks.
 - ``store.types`` (types.py): the job types workers' apps registered (lanes for submitters).
 - ``store.batches`` (batches.py): batches, their members' counts, cancels, added members.
@@ -77,6 +78,7 @@ from coldbrew.store.records import (
     RawJSON,
     TenantSettings,
 )
+from coldbrew.store.rollup import FoldStep, RollupStore
 from coldbrew.store.stats import FinishedStats, StatsStore
 from coldbrew.store.tenants import TENANTS_CHANGED, TenantStore
 from coldbrew.store.types import RegisteredType, TypeRegistration, TypeRegistry
@@ -113,6 +115,7 @@ __all__ = [
     "DuePublish",
     "FinishedStats",
     "FlowStore",
+    "FoldStep",
     "HistoryStore",
     "JobRows",
     "JobStore",
@@ -131,6 +134,7 @@ __all__ = [
     "ReconcilePass",
     "ReconcileStore",
     "RegisteredType",
+    "RollupStore",
     "SearchFilter",
     "Session",
     "StatsStore",

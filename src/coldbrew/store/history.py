@@ -108,6 +108,15 @@ class HistoryStore(StoreBase):
 
         return await self._under_lock("prune_audit", op)
 
+    async def prune_rollup(self, seconds: float, limit: int) -> int | None:
+        """Delete up to ``limit`` rows of the finished-jobs rollup (migration 0024) of
+        minutes that ended over ``seconds`` ago."""
+
+        async def op(conn: asyncpg.Connection) -> int:
+            return _rows(await conn.execute(QUERIES["prune_finished_minutes"].text, seconds, limit))
+
+        return await self._under_lock("prune_finished_minutes", op)
+
     async def compact_tallies(self) -> None:
         """Fold the dead/failed tallies' +1/-1 rows into one row per lane, tenant, status."""
         await self._execute("compact_tallies")
@@ -118,6 +127,7 @@ class HistoryStore(StoreBase):
         rejected_seconds: float | None,
         idle_seconds: float,
         audit_seconds: float | None = None,
+        rollup_seconds: float | None = None,
     ) -> dict[tuple[str, str], int]:
         """The dry run: ``{(table, status): rows}`` a prune with this retention would delete
         now (status ``any`` for the tables that are not a job's)."""
@@ -138,4 +148,8 @@ class HistoryStore(StoreBase):
         counts["dashboard_sessions", "any"] = await self._fetchval("count_prunable_sessions")
         if audit_seconds is not None:
             counts["audit_log", "any"] = await self._fetchval("count_prunable_audit", audit_seconds)
+        if rollup_seconds is not None:
+            counts["finished_minutes", "any"] = await self._fetchval(
+                "count_prunable_finished_minutes", rollup_seconds
+            )
         return counts

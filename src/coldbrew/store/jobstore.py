@@ -33,6 +33,7 @@ from coldbrew.store.leases import LeaseStore
 from coldbrew.store.liveness import LivenessStore
 from coldbrew.store.outbox import Outbox
 from coldbrew.store.reconcile import ReconcileStore
+from coldbrew.store.rollup import RollupStore
 from coldbrew.store.stats import StatsStore
 from coldbrew.store.tenants import TenantStore
 from coldbrew.store.types import TypeRegistry
@@ -85,6 +86,8 @@ class JobStore(StoreBase):
         """Submissions in a caller's transaction; chains' records."""
         self.history = HistoryStore(db)
         """Finished rows past their retention: batched deletes and their dry run."""
+        self.rollup = RollupStore(db)
+        """The per-minute rollup of finished jobs that ``coldbrew stats --since`` reads."""
 
     @classmethod
     @asynccontextmanager

@@ -5,7 +5,8 @@ writes 43M of them a day. Each pass deletes, per final status, the rows older
 than ``COLDBREW_RETENTION_<STATUS>`` (with their once-guards, unique keys and
 aliases), then rejected messages older than the dead jobs' retention, then
 rate-limit buckets idle for an hour (a full bucket is what a missing one is
-taken to be). A job that is not finished, or has a publish mark (something is
+taken to be), then the finished jobs' per-minute rollup (migration 0024) older
+than ``COLDBREW_RETENTION_ROLLUP``. A job that is not finished, or has a publish mark (something is
 due), is never deleted whatever its age: the SQL function ``job_prunable``
 says which rows may go, in one place. Each pass also folds the dead/failed
 tallies the gauges read (migration 0013).
@@ -60,6 +61,8 @@ class Retention:
     idle_buckets: float = IDLE_BUCKET_SECONDS
     audit: float | None = None
     """The dashboard's audit log (None: kept forever)."""
+    rollup: float | None = None
+    """The finished jobs' per-minute rollup, ``coldbrew stats --since`` (None: forever)."""
 
     @classmethod
     def of(cls, settings: Settings) -> Retention:
@@ -68,6 +71,7 @@ class Retention:
             jobs={status: seconds for status, seconds in kept.items() if seconds is not None},
             rejected=settings.retention_dead,
             audit=settings.retention_audit,
+            rollup=settings.retention_rollup,
         )
 
 
@@ -146,6 +150,8 @@ class Pruner:
         ]
         if (audit := self.retention.audit) is not None:
             others.append(("audit_log", lambda: history.prune_audit(audit, self.batch)))
+        if (rollup := self.retention.rollup) is not None:
+            others.append(("finished_minutes", lambda: history.prune_rollup(rollup, self.batch)))
         if (rejected := self.retention.rejected) is not None:
             others.insert(
                 0, ("rejected_messages", lambda: history.prune_rejected(rejected, self.batch))

@@ -36,6 +36,7 @@ from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.parts import Parts, Shared, open_parts
 from coldbrew.worker.prune import PruneService, Retention
 from coldbrew.worker.reconcile import Reconciler
+from coldbrew.worker.rollup import RollupService
 from coldbrew.worker.service import Periodic, Service
 
 log = structlog.get_logger("coldbrew.worker")
@@ -231,6 +232,11 @@ class Worker:
                 Retention.of(settings),
                 interval=settings.prune_interval_seconds,
                 batch=settings.prune_batch,
+            ),
+            RollupService(
+                store,
+                interval=settings.stats_rollup_interval_seconds,
+                settle=settings.stats_rollup_settle_seconds,
             ),
         ]
 
