@@ -112,8 +112,15 @@ async def test_postgres_crash_right_after_async_claims_loses_no_job(
         return results
 
     monkeypatch.setattr(ClaimStore, "_claim_batch", claim_then_crash)
+    # A lease longer than the restart (3-7 s here under load): with the tests' 4 s lease, a
+    # durable claim's lease could expire while the server was down and its job be reclaimed
+    # (attempt 2: correct recovery, but not what this test counts).
     worker = await start_worker(
-        claim_commit="async", claim_barrier_seconds=30.0, concurrency=100, prefetch=64
+        claim_commit="async",
+        claim_barrier_seconds=30.0,
+        concurrency=100,
+        prefetch=64,
+        lease_seconds=30.0,
     )
     try:
         await asyncio.wait_for(crashed.wait(), timeout=60)
