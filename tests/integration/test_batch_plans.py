@@ -78,3 +78,39 @@ async def test_without_the_settings_the_plan_scans(settings: Settings) -> None:
     """The test above can fail: PostgreSQL's own choice on an empty table is the scan."""
     found = await plans(settings, {})
     assert any('"Seq Scan"' in plan for plan in found.values())
+
+
+async def planned_per_statement(settings: Settings, extra: dict[str, str]) -> tuple[int, int]:
+    """(generic, custom) plans of eight one-job claim batches on one connection, as the
+    statement's prepared-statement counters tell (pg_prepared_statements, PostgreSQL 14+)."""
+    conn = await asyncpg.connect(
+        settings.database_url,
+        server_settings={**connection_settings(settings.namespace), **extra},
+    )
+    try:
+        for n in range(8):
+            rows = await conn.fetch(QUERIES["claim_batch"].text, *claim_args([f"one-{n}"]))
+            assert [r["claimed"] for r in rows] == [True]
+        row = await conn.fetchrow(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+            QUERIES["claim_batch"].text,
+        )
+        assert row is not None
+        return row["generic_plans"], row["custom_plans"]
+    finally:
+        await conn.close()
+
+
+async def test_batch_connections_never_plan_per_statement(settings: Settings) -> None:
+    """A batch of one job is the low-load case; planning it anew each time cost
+    PostgreSQL about as much CPU as running it (bench/pg_cost.py, batches of 2)."""
+    generic, custom = await planned_per_statement(settings, dict(KEYED_BATCH_PLANS))
+    assert (generic, custom) == (8, 0)
+
+
+async def test_without_forcing_small_batches_are_planned_each_time(settings: Settings) -> None:
+    """The test above can fail: under plan_cache_mode auto, a one-job batch's custom plan
+    looks cheaper than the generic one (costed for 10 rows), so it is kept re-planning."""
+    keyed = {k: v for k, v in KEYED_BATCH_PLANS.items() if k != "plan_cache_mode"}
+    generic, custom = await planned_per_statement(settings, {**keyed, "plan_cache_mode": "auto"})
+    assert custom == 8 and generic == 0
