@@ -180,7 +180,17 @@ async def table_facts(conn: asyncpg.Connection) -> dict[str, float]:
     return {k: float(row[k]) for k in ("n_tup_ins", "n_tup_upd", "n_tup_hot_upd")}
 
 
-async def measure(names: list[str], jobs: int, batch: int, rounds: int) -> list[Variant]:
+IN_FLIGHT = """
+INSERT INTO jobs (id, type, queue, tenant, max_attempts, status, attempt, started_at,
+                  lease_expires_at, worker_id)
+SELECT 'inflight-' || g, 'noop', 'default', 'default', 3, 'running', 1, now(),
+       now() + interval '1 hour', 'bench-other' FROM generate_series(1, $1) AS g
+"""
+
+
+async def measure(
+    names: list[str], jobs: int, batch: int, rounds: int, in_flight: int
+) -> list[Variant]:
     variants = [Variant(name, new_namespace()) for name in names]
     try:
         for v in variants:
@@ -189,6 +199,9 @@ async def measure(names: list[str], jobs: int, batch: int, rounds: int) -> list[
             v.complete = await connect(v.namespace, synchronous=True, variant=v.name)
             for statement in VARIANTS[v.name]:
                 await v.complete.execute(statement)
+            # other jobs in flight (running, held by other workers or slots), as in a drain:
+            # a plan that walks the running rows pays for them in every batch
+            await v.complete.execute(IN_FLIGHT, in_flight)
         if os.environ.get("PG_COST_PIDS"):  # for `perf record -p` (diagnosis)
             for v in variants:
                 assert v.claim is not None
@@ -230,15 +243,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--variants", default="as-is")
+    parser.add_argument(
+        "--in-flight", type=int, default=300, help="other running jobs present (default 300)"
+    )
     args = parser.parse_args()
     names = args.variants.split(",")
     for name in names:
         if name not in VARIANTS:
             parser.error(f"unknown variant {name!r}: one of {', '.join(VARIANTS)}")
-    variants = asyncio.run(measure(names, args.jobs, args.batch, args.rounds))
+    variants = asyncio.run(measure(names, args.jobs, args.batch, args.rounds, args.in_flight))
     print(
         f"claim_batch + complete_batch, {args.jobs} new jobs x {args.rounds} rounds, "
-        f"{args.batch} per statement; PostgreSQL backend CPU us/job, median (min-max)"
+        f"{args.batch} per statement, {args.in_flight} other jobs running; "
+        "PostgreSQL backend CPU us/job, median (min-max)"
     )
     print(f"{'variant':<15} {'claim':>20} {'complete':>20} {'both':>20} {'WAL B/job':>20}")
     for v in variants:
