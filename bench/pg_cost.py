@@ -43,6 +43,9 @@ from coldbrew.store.base import KEYED_BATCH_PLANS
 VARIANTS: dict[str, list[str]] = {
     "as-is": [],
     "-webhook": ["DROP TRIGGER jobs_webhook_on_finish ON jobs"],
+    # the webhook trigger's function without its SET search_path (diagnosis: what the
+    # GUC save and restore of each call costs)
+    "-webhook-set": ["ALTER FUNCTION coldbrew_enqueue_webhook() RESET search_path"],
     "-row-triggers": [
         "DROP TRIGGER jobs_webhook_on_finish ON jobs",
         "DROP TRIGGER jobs_batch_member ON jobs",
