@@ -43,8 +43,9 @@ from coldbrew.store.base import KEYED_BATCH_PLANS
 VARIANTS: dict[str, list[str]] = {
     "as-is": [],
     "-webhook": ["DROP TRIGGER jobs_webhook_on_finish ON jobs"],
-    # the webhook trigger's function without its SET search_path (diagnosis: what the
-    # GUC save and restore of each call costs)
+    # the webhook trigger's function without a SET search_path (diagnosis: what the GUC
+    # save and restore of each call cost; since migration 0023 it has none, so this is
+    # as-is again, and run against an older src it measures the old function)
     "-webhook-set": ["ALTER FUNCTION coldbrew_enqueue_webhook() RESET search_path"],
     "-row-triggers": [
         "DROP TRIGGER jobs_webhook_on_finish ON jobs",
