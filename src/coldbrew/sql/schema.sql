@@ -681,6 +681,48 @@ ALTER TABLE jobs
     ADD COLUMN tracestate text,
     ADD COLUMN trace_previous_span text;
 
+-- --- the webhook trigger's function without SET search_path (migration 0023) ------------
+DO $migration$
+BEGIN
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION %1$I.coldbrew_enqueue_webhook() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    target text := NEW.webhook_url;
+    lane text;
+    attempts integer;
+    limit_seconds double precision;
+    snapshot jsonb;
+BEGIN
+    IF target IS NULL THEN
+        SELECT t.webhook_url INTO target FROM %1$I.tenants AS t WHERE t.name = NEW.tenant;
+        IF target IS NULL THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    SELECT r.queue, r.max_attempts, r.timeout_seconds INTO lane, attempts, limit_seconds
+    FROM %1$I.registered_types AS r WHERE r.name = 'coldbrew.webhook';
+    snapshot := to_jsonb(NEW) - ARRAY['args', 'checkpoint', 'idempotency_key', 'webhook_url',
+                                      'lease_expires_at', 'worker_id', 'publish_after',
+                                      'published_at', 'updated_at', 'cancel_reason'];
+    IF octet_length(NEW.result::text) > 65536 THEN
+        snapshot := snapshot || jsonb_build_object('result', NULL, 'result_omitted', true);
+    END IF;
+    INSERT INTO %1$I.jobs (id, type, queue, tenant, args, priority, max_attempts,
+                           timeout_seconds, status, run_at, publish_after)
+    VALUES (md5(concat_ws(E'\x1f', 'webhook', NEW.id, NEW.status::text, NEW.attempt::text,
+                          coalesce(NEW.finished_at, now())::text))::uuid::text,
+            'coldbrew.webhook', coalesce(lane, 'default'), NEW.tenant,
+            jsonb_build_object('url', target, 'job', snapshot), NEW.priority,
+            coalesce(attempts, 8), coalesce(limit_seconds, 60), 'queued', now(), now())
+    ON CONFLICT (id) DO NOTHING;
+    RETURN NULL;
+END
+$$
+$function$, current_schema());
+END
+$migration$;
+
 -- --- the per-minute rollup of finished jobs (migration 0024): `coldbrew stats --since` ---
 
 -- bucket 0: under 0.1 ms (negatives too); bucket k >= 1: [0.1 ms * 2^((k-1)/8),

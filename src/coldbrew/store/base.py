@@ -51,12 +51,23 @@ GATHER_TURNS: Final = 8
 # bench/throughput.py: the claim backend spent 200 µs of CPU per job instead
 # of 50. These connections run nothing but those statements, so the other
 # plan shapes are simply ruled out for them.
+#
+# With those shapes ruled out the generic plan is the right one for every batch size,
+# so it is forced: under the default plan_cache_mode (auto) PostgreSQL compares the
+# generic plan's cost (costed for unnest's default of 10 rows) with its custom plans'
+# (costed for the array it was given), and for batches of fewer than about 5 jobs
+# keeps planning each statement anew. Measured with bench/pg_cost.py (batches of 2):
+# the claim and completion cost PostgreSQL 955 µs of CPU per job with a plan per
+# statement, 488 with the generic plan; at 5 and 20 jobs a batch the two are the same
+# (auto had chosen the generic plan). Small batches are the low-load, latency-bound
+# case: each job its own claim and completion.
 KEYED_BATCH_PLANS: Final = MappingProxyType(
     {
         "enable_seqscan": "off",
         "enable_bitmapscan": "off",
         "enable_hashjoin": "off",
         "enable_mergejoin": "off",
+        "plan_cache_mode": "force_generic_plan",
     }
 )
 
