@@ -36,6 +36,9 @@ log = structlog.get_logger("coldbrew.procpool")
 
 _State = Literal["new", "starting", "running", "closing", "closed"]
 
+RUN_TIME_WEIGHT = 0.1
+"""Weight of the newest job in ``mean_run_seconds`` (about the last ten jobs count)."""
+
 
 class ProcessPool:
     """A fixed number of child processes, each running one job at a time.
@@ -82,6 +85,8 @@ class ProcessPool:
         self.replaced: dict[str, int] = self._keeper.replaced
         """Children replaced while running, by reason (``REPLACE_REASONS``); for metrics."""
         self._finalizer = Finalize(self, _kill_all, args=(self._roster.processes,), exitpriority=10)
+        self.mean_run_seconds = 0.0
+        """How long a job keeps its child, a moving mean over the last jobs (0 before any)."""
 
     # --- properties ---------------------------------------------------------
 
@@ -105,6 +110,20 @@ class ProcessPool:
     def idle(self) -> int:
         """Children waiting for a job."""
         return self._roster.idle
+
+    @property
+    def waiting(self) -> int:
+        """``run()`` calls waiting for a free child."""
+        return self._roster.waiting
+
+    def queue_seconds(self) -> float:
+        """About how long a ``run()`` called now would wait for a child: the calls queued
+        ahead of it times the mean job time, over the children; 0 when a child is idle or
+        no job has finished yet. The worker lets a claim wait this long at most (less, by
+        its own margin) to share a commit: the job would not start sooner anyway."""
+        if self._roster.idle:
+            return 0.0
+        return self._roster.waiting * self.mean_run_seconds / self._size
 
     @property
     def alive(self) -> int:
@@ -245,6 +264,7 @@ class ProcessPool:
         if timeout is not None:
             timer = loop.call_later(timeout, self._expire, child, job, timeout)
         child.begin(job, data)
+        began = loop.time()
         try:
             return await job.future
         except asyncio.CancelledError:
@@ -253,6 +273,9 @@ class ProcessPool:
         finally:
             if timer is not None:
                 timer.cancel()
+            took = loop.time() - began
+            mean = self.mean_run_seconds
+            self.mean_run_seconds = mean + RUN_TIME_WEIGHT * (took - mean) if mean else took
             self._finish(child, job)
 
     def _expire(self, child: ChildHandle, job: PoolJob, timeout: float) -> None:

@@ -40,6 +40,11 @@ class Roster:
         return len(self._idle)
 
     @property
+    def waiting(self) -> int:
+        """``run()`` calls waiting for a child (a cancelled one may count until it is skipped)."""
+        return len(self._waiters)
+
+    @property
     def busy(self) -> int:
         """Children running a job."""
         return sum(1 for child in self.children if child.job is not None)
