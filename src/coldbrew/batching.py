@@ -23,6 +23,17 @@ good ones commit and only the bad one gets the error. A statement that
 failed wrote nothing, so flushing its items again is safe. One bad item
 among n costs about 2·log2(n) more statements; it is the exception path,
 not the throughput one.
+
+**Lingering** (``enqueue(item, linger=s)``): an item whose caller can wait
+may hold its flush up to ``s`` seconds for company. The flush goes when
+the earliest deadline among the waiting items passes, when an item that
+does not linger arrives, when a batch is full, or at ``close()``; so a
+lingering item never delays an eager one, and the default (no linger) is
+the timer-free behaviour above. This is for CPU-bound pool jobs (issue #19
+item 4): their claims and outcomes come one at a time, every few ms, when
+no caller is concurrent, and each alone pays a commit and a WAL flush whose
+CPU, on a machine whose cores the pool's children fill, is taken from the
+children. The callers decide when waiting is free (worker/runner.py).
 """
 
 from __future__ import annotations
@@ -58,23 +69,39 @@ class GroupCommit(Generic[T, R]):
         self._isolate = isolate
         self._last_size = 0
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
+        self._deadlines: list[float] = []  # per pending item: when it stops waiting (loop time)
+        self._flush_at = float("inf")  # the earliest of ``_deadlines``
+        self._waker: asyncio.Future[None] | None = None  # set while the flush lingers
+        self._closing = False
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
         self.items = 0
         self.isolated = 0  # batches split because an item's data failed them
+        self.lingered = 0  # flushes that waited for a lingering item's company
 
-    async def submit(self, item: T) -> R:
+    async def submit(self, item: T, *, linger: float = 0.0) -> R:
         """Queue ``item`` for the next flush and wait for its own result (or exception)."""
-        return await self.enqueue(item)
+        return await self.enqueue(item, linger=linger)
 
-    def enqueue(self, item: T) -> asyncio.Future[R]:
+    def enqueue(self, item: T, *, linger: float = 0.0) -> asyncio.Future[R]:
         """Queue ``item`` for the next flush; the future gets its result (or exception).
 
-        The write goes ahead whether or not anybody still waits for it, so a
-        caller that must not lose it can ``asyncio.shield`` the future (no task).
+        ``linger`` > 0: the item may wait up to that many seconds for other
+        items to share its flush (see the module docstring); 0 flushes as soon
+        as no flush is in flight. The write goes ahead whether or not anybody
+        still waits for it, so a caller that must not lose it can
+        ``asyncio.shield`` the future (no task).
         """
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[R] = loop.create_future()
+        deadline = loop.time() + linger if linger > 0 and not self._closing else 0.0
         self._pending.append((item, future))
+        self._deadlines.append(deadline)
+        if deadline < self._flush_at:
+            self._flush_at = deadline
+            self._wake()  # a lingering flush must now go sooner (or at once)
+        elif len(self._pending) >= self._max_batch:
+            self._wake()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"group-commit:{self.name}")
         return future
@@ -84,14 +111,43 @@ class GroupCommit(Generic[T, R]):
             while self._pending:
                 if self._last_size > 1:
                     await self._gather()
+                await self._linger()
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
+                del self._deadlines[: self._max_batch]
+                self._flush_at = min(self._deadlines, default=float("inf"))
                 self._last_size = len(batch)
                 await self._flush_one(batch)
         finally:
             self._task = None
             if self._pending:  # raced with a cancellation: never strand a waiter
                 self._task = asyncio.create_task(self._run(), name=f"group-commit:{self.name}")
+
+    async def _linger(self) -> None:
+        """Hold the next flush while every waiting item lingers and none's deadline passed."""
+        loop = asyncio.get_running_loop()
+        lingered = False
+        while (
+            not self._closing
+            and len(self._pending) < self._max_batch
+            and self._flush_at > loop.time()
+        ):
+            lingered = True
+            waker: asyncio.Future[None] = loop.create_future()
+            self._waker = waker
+            timer = loop.call_at(self._flush_at, _set_done, waker)
+            try:
+                await waker
+            finally:
+                timer.cancel()
+                self._waker = None
+        if lingered:
+            self.lingered += 1
+
+    def _wake(self) -> None:
+        """Cut a lingering wait short: the deadline moved, the batch is full, or closing."""
+        if self._waker is not None:
+            _set_done(self._waker)
 
     async def _gather(self) -> None:
         """Let the loop turn up to ``gather_turns`` times, or until a batch is full."""
@@ -141,7 +197,14 @@ class GroupCommit(Generic[T, R]):
                 future.set_result(result)
 
     async def close(self) -> None:
-        """Wait for the flush in flight (if any) to finish."""
+        """Flush what lingers now, and wait for the flush in flight (if any) to finish."""
+        self._closing = True
+        self._wake()
         task = self._task
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

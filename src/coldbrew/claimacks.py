@@ -11,9 +11,12 @@ RabbitMQ gives it to nobody else) until the claim is known durable:
   after the claim committed, flushed the WAL past it: in practice the next
   completion batch, whose written outcomes return its ``CommitMark``, which
   the runner hands to ``completed`` -- "covered";
-* otherwise, once the oldest held claim has waited ``delay`` (idle, long
-  jobs), one barrier -- a tiny synchronous transaction that writes a commit
-  record -- covers every claim held so far -- "barrier";
+* otherwise, once a held claim has waited ``delay`` (idle, long jobs) plus
+  its own ``patience``, one barrier -- a tiny synchronous transaction that
+  writes a commit record -- covers every claim held so far -- "barrier". A
+  process-pool job queued for a child gets the pool's linger as patience
+  (worker/runner.py): its delivery waits that much longer for its ack, and
+  a lingering completion batch covers it instead of a barrier of its own;
 * a claim made on an earlier server start (PostgreSQL restarted, maybe
   crashed, in between) is verified against its row once the database
   answers: the row still at this attempt and this worker (or finished) means
@@ -63,6 +66,8 @@ class HeldAck:
     message: Inbound
     state: JobState | None = None
     since: float = field(default=0.0)
+    patience: float = 0.0
+    """Seconds beyond the barrier delay this ack may wait for a completion to cover it."""
 
 
 def split_covered(
@@ -122,6 +127,7 @@ class ClaimAcks:
         self._closed = False
         self._closing = False  # the drain has begun: barriers without delay until the end
         self._last_completion: CommitMark | None = None
+        self._patient = False  # some held claim may have patience (reset once none is held)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -133,6 +139,8 @@ class ClaimAcks:
             return
         item.since = asyncio.get_running_loop().time()
         self._held[item] = None
+        if item.patience > 0:
+            self._patient = True
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="claim-barrier")
 
@@ -175,14 +183,15 @@ class ClaimAcks:
             item.message.ack_soon()
         if covered:
             self._metrics.claim_acks.labels(how).inc(len(covered))
+        if not self._held:
+            self._patient = False
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         backoff = 0.2
         try:
             while self._held:
-                oldest = next(iter(self._held))
-                wait = oldest.since + self._delay - loop.time()
+                wait = self._next_due() - loop.time()
                 if wait > 0 and not self._urgent:
                     await self._sleep(wait)
                     continue  # a completion may have covered it meanwhile
@@ -206,6 +215,14 @@ class ClaimAcks:
                 backoff = 0.2
         finally:
             self._task = None
+
+    def _next_due(self) -> float:
+        """When the first held claim is due for a barrier (loop time). The oldest held claim,
+        unless some held claim has patience: then the earliest of all (claims with patience
+        are those of pool jobs queued for a child, held a few at a time)."""
+        if self._patient:
+            return min(item.since + item.patience for item in self._held) + self._delay
+        return next(iter(self._held)).since + self._delay
 
     async def _verify(self, stale: list[HeldAck]) -> None:
         rows = await self._store.verify_claims([item.job_id for item in stale])

@@ -229,6 +229,9 @@ class Settings(BaseSettings):
     # legitimate jobs after an upgrade or be too large to protect anything.
     process_max_memory_mb: Annotated[int, Field(ge=0, le=16 * 1024 * 1024)] = 0
     process_max_jobs: Annotated[int, Field(ge=0, le=1_000_000_000)] = 0
+    # how long a process-pool job's claim or outcome may wait to share a commit while
+    # the job would wait for a child anyway (worker/runner.py); 0: never
+    pool_linger_seconds: Annotated[float, Field(ge=0, le=1)] = 0.05
     prefetch: Annotated[int, Field(ge=0, le=65_535)] = 0
     hold_seconds: Annotated[float, Field(ge=0, le=60)] = 0.25
     consume_channels: Annotated[int, Field(ge=1, le=1024)] = 64

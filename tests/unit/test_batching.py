@@ -222,3 +222,93 @@ async def test_items_queued_during_an_isolation_go_in_the_next_batch() -> None:
     assert isinstance(results[1], BadItem)
     assert results[4:] == [100, 110, 120]
     assert picky.batches[-1] == [10, 11, 12]
+
+
+# --- lingering: an item whose caller can wait holds its flush for company ------------------
+
+
+async def test_lingering_items_share_one_flush_at_the_first_deadline() -> None:
+    """A trickle of items that may wait 50 ms goes out as one batch, not one each."""
+    rec = Recorder()
+    batcher = GroupCommit("t", rec.flush)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    futures = []
+    for n in range(4):
+        futures.append(batcher.enqueue(n, linger=0.05))
+        await asyncio.sleep(0.005)
+    assert await asyncio.gather(*futures) == [0, 10, 20, 30]
+    assert rec.batches == [[0, 1, 2, 3]]
+    assert loop.time() - began >= 0.045  # it waited for the first item's deadline
+    assert batcher.lingered == 1
+
+
+async def test_a_lingering_item_is_flushed_by_its_deadline_when_alone() -> None:
+    rec = Recorder()
+    batcher = GroupCommit("t", rec.flush)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    assert await asyncio.wait_for(batcher.submit(7, linger=0.03), timeout=1) == 70
+    assert 0.025 <= loop.time() - began < 0.5
+    assert rec.batches == [[7]]
+
+
+async def test_an_eager_item_takes_the_lingering_ones_along_at_once() -> None:
+    """An item without linger never waits for lingering ones: it flushes them with it now."""
+    rec = Recorder()
+    batcher = GroupCommit("t", rec.flush)
+    loop = asyncio.get_running_loop()
+    lingering = [batcher.enqueue(n, linger=10.0) for n in (1, 2)]
+    await asyncio.sleep(0.01)
+    assert rec.batches == []  # still lingering
+    began = loop.time()
+    assert await asyncio.wait_for(batcher.submit(3), timeout=1) == 30
+    assert loop.time() - began < 0.5
+    assert await asyncio.gather(*lingering) == [10, 20]
+    assert rec.batches == [[1, 2, 3]]
+
+
+async def test_a_shorter_linger_moves_the_flush_earlier() -> None:
+    rec = Recorder()
+    batcher = GroupCommit("t", rec.flush)
+    long = batcher.enqueue(1, linger=10.0)
+    await asyncio.sleep(0.01)
+    assert await asyncio.wait_for(batcher.submit(2, linger=0.02), timeout=1) == 20
+    assert await long == 10
+    assert rec.batches == [[1, 2]]
+
+
+async def test_a_full_batch_does_not_linger() -> None:
+    rec = Recorder()
+    batcher = GroupCommit("t", rec.flush, max_batch=3)
+    futures = [batcher.enqueue(n, linger=10.0) for n in range(3)]
+    assert await asyncio.wait_for(asyncio.gather(*futures), timeout=1) == [0, 10, 20]
+    assert rec.batches == [[0, 1, 2]]
+
+
+async def test_close_flushes_what_lingers_and_later_items_do_not_linger() -> None:
+    """A drain or shutdown never waits out a linger: close() sends it at once."""
+    rec = Recorder()
+    batcher = GroupCommit("t", rec.flush)
+    future = batcher.enqueue(5, linger=10.0)
+    await asyncio.sleep(0.01)
+    await asyncio.wait_for(batcher.close(), timeout=1)
+    assert future.result() == 50
+    assert await asyncio.wait_for(batcher.submit(6, linger=10.0), timeout=1) == 60
+    assert rec.batches == [[5], [6]]
+
+
+async def test_items_arriving_while_a_lingering_batch_flushes_linger_again() -> None:
+    """After a lingered flush, the items that came meanwhile wait for their own deadline."""
+    rec = Recorder()
+    rec.gate.clear()
+    batcher = GroupCommit("t", rec.flush)
+    first = batcher.enqueue(1, linger=0.01)
+    await asyncio.sleep(0.03)  # flushed at its deadline, held in flight by the gate
+    assert rec.batches == [[1]]
+    later = [batcher.enqueue(n, linger=0.05) for n in (2, 3)]
+    rec.gate.set()
+    await asyncio.sleep(0.02)
+    assert rec.batches == [[1]]  # 2 and 3 still linger
+    assert await asyncio.gather(first, *later) == [10, 20, 30]
+    assert rec.batches == [[1], [2, 3]]

@@ -297,6 +297,31 @@ async def test_waiters_are_served_first_come_first_served(tmp_path: Path) -> Non
         assert [label for label, _ in sorted(stamps, key=lambda s: s[1])] == list("01234")
 
 
+async def test_queue_seconds_is_the_queued_runs_times_the_mean_job_time(tmp_path: Path) -> None:
+    """What the worker's linger is bounded by: 0 with an idle child or before any job has
+    finished; with every child busy, the queued runs x the mean job time / children."""
+    marker = tmp_path / "go"
+    async with ProcessPool(1, APP_REF) as pool:
+        assert pool.queue_seconds() == 0.0  # idle child
+        with pytest.raises(RemoteJobError):  # a job of ~0.2 s (a failure counts too)
+            await run(pool, "wait_for_file", {"path": str(tmp_path / "absent"), "limit": 0.2})
+        mean = pool.mean_run_seconds
+        assert 0.15 < mean < 5
+        host = RecordingHost()
+        blocker = asyncio.create_task(run(pool, "wait_for_file", {"path": str(marker)}, host=host))
+        await reported_pid(host)
+        assert pool.queue_seconds() == 0.0  # busy, but nothing queued behind it
+        queued = [asyncio.create_task(run(pool, "add", {"a": n, "b": 1})) for n in range(3)]
+        await eventually(lambda: pool.waiting == 3)
+        assert pool.queue_seconds() == pytest.approx(3 * mean)
+        marker.touch()
+        await blocker
+        assert [await task for task in queued] == [1, 2, 3]
+        assert pool.waiting == 0
+        assert pool.queue_seconds() == 0.0
+        assert pool.mean_run_seconds < mean  # the quick jobs pulled the mean down
+
+
 async def test_bad_app_ref_fails_start() -> None:
     """A child that cannot import the app makes start() raise ConfigurationError naming it."""
     for ref, detail in [

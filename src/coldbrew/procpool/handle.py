@@ -165,11 +165,13 @@ class ChildHandle:
         elif tag == "boot_error":
             error = f"pool child cannot load app {self.app_ref!r}: {message[1]}"
             fail(self.booted, ConfigurationError(error))
-        elif self.job is not None and not self.job.future.done():
+        elif (job := self.job) is not None and not job.future.done():
             if tag == "ok":
-                self.job.future.set_result(message[1])
+                job.future.set_result(message[1])
             else:
-                self.job.future.set_exception(outcome_error(message))
+                job.future.set_exception(outcome_error(message))
+            if job.over is not None:  # the child is free: the pool hands it the next job now
+                job.over()
 
     def _on_progress(self, fraction: float | None, message: str | None) -> None:
         job = self.job

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,3 +45,6 @@ class PoolJob:
     """The context the job was handed over in (the worker's run span, the job's log
     context): its RPCs are answered in it, so a child ``ctx.submit`` makes names the run
     span as the coroutine job's does. A copy is O(1)."""
+    over: Callable[[], None] | None = None
+    """Called by the child's handle right after the child's result settled ``future``: the
+    pool takes the child back there and then, handing it the next job (roster.py)."""

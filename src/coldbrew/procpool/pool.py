@@ -23,6 +23,7 @@ import structlog
 
 from coldbrew.errors import ConfigurationError, JobCancelled, JobTimeout
 from coldbrew.procpool.errors import PoolClosed
+from coldbrew.procpool.futures import fail
 from coldbrew.procpool.handle import ChildHandle
 from coldbrew.procpool.job import ContextHost, PoolJob
 from coldbrew.procpool.keeper import Keeper
@@ -35,6 +36,9 @@ __all__ = ["ProcessPool"]
 log = structlog.get_logger("coldbrew.procpool")
 
 _State = Literal["new", "starting", "running", "closing", "closed"]
+
+RUN_TIME_WEIGHT = 0.1
+"""Weight of the newest job in ``mean_run_seconds`` (about the last ten jobs count)."""
 
 
 class ProcessPool:
@@ -82,6 +86,8 @@ class ProcessPool:
         self.replaced: dict[str, int] = self._keeper.replaced
         """Children replaced while running, by reason (``REPLACE_REASONS``); for metrics."""
         self._finalizer = Finalize(self, _kill_all, args=(self._roster.processes,), exitpriority=10)
+        self.mean_run_seconds = 0.0
+        """How long a job keeps its child, a moving mean over the last jobs (0 before any)."""
 
     # --- properties ---------------------------------------------------------
 
@@ -105,6 +111,20 @@ class ProcessPool:
     def idle(self) -> int:
         """Children waiting for a job."""
         return self._roster.idle
+
+    @property
+    def waiting(self) -> int:
+        """``run()`` calls waiting for a free child."""
+        return self._roster.waiting
+
+    def queue_seconds(self) -> float:
+        """About how long a ``run()`` called now would wait for a child: the calls queued
+        ahead of it times the mean job time, over the children; 0 when a child is idle or
+        no job has finished yet. The worker lets a claim wait this long at most (less, by
+        its own margin) to share a commit: the job would not start sooner anyway."""
+        if self._roster.idle:
+            return 0.0
+        return self._roster.waiting * self.mean_run_seconds / self._size
 
     @property
     def alive(self) -> int:
@@ -234,26 +254,51 @@ class ProcessPool:
         """
         self._check_running()
         data = frame(("job", job_type, args, dict(info)))
-        child = await self._roster.acquire()
+        job = PoolJob(str(info.get("job_id", "")), job_type, host, self.loop.create_future())
+        handover = _Handover(self, job, data, timeout)
+        job.over = handover.over
+        child = self._roster.take_idle()
+        if child is not None:
+            handover.start(child)
+        else:  # the child that frees next begins it, from the callback that freed it
+            self._roster.wait(handover)
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            if handover.child is None:
+                self._roster.unwait(handover)  # never reached a child
+            else:
+                handover.child.abort(None, "caller_cancelled")  # nobody waits: stop the work
+            raise
+        finally:
+            handover.over()
+
+    def _begin(self, handover: _Handover, child: ChildHandle) -> None:
+        """Hand ``handover``'s job to ``child``: count it, arm its timeout, write its frame."""
         child.jobs_started += 1
         if self.max_jobs and child.jobs_started >= self.max_jobs:
             child.retiring = True  # this is its last job: boot its successor meanwhile
             self._keeper.replace_soon(child)
         loop = self.loop
-        job = PoolJob(str(info.get("job_id", "")), job_type, host, loop.create_future())
-        timer = None
-        if timeout is not None:
-            timer = loop.call_later(timeout, self._expire, child, job, timeout)
-        child.begin(job, data)
-        try:
-            return await job.future
-        except asyncio.CancelledError:
-            child.abort(None, "caller_cancelled")  # nobody waits for the result: stop the work
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self._finish(child, job)
+        job = handover.job
+        if handover.timeout is not None:
+            handover.timer = loop.call_later(
+                handover.timeout, self._expire, child, job, handover.timeout
+            )
+        handover.began = loop.time()
+        child.begin(job, handover.data)
+
+    def _over(self, handover: _Handover) -> None:
+        """The job's outcome is in (or it failed, or was given up): take its child back."""
+        if handover.timer is not None:
+            handover.timer.cancel()
+        child = handover.child
+        if child is None:
+            return
+        took = self.loop.time() - handover.began
+        mean = self.mean_run_seconds
+        self.mean_run_seconds = mean + RUN_TIME_WEIGHT * (took - mean) if mean else took
+        self._finish(child, handover.job)
 
     def _expire(self, child: ChildHandle, job: PoolJob, timeout: float) -> None:
         if not job.future.done():
@@ -273,7 +318,7 @@ class ProcessPool:
         if child.retiring:
             child.retire()
             return
-        self._roster.release(child)
+        self._roster.release(child)  # to the oldest waiting job, which begins now
 
     def cancel(self, job_id: str) -> bool:
         """Kill the child running ``job_id`` (its ``run()`` raises ``JobCancelled``)."""
@@ -284,6 +329,40 @@ class ProcessPool:
                 child.abort(JobCancelled(f"job {job_id!r} was cancelled"), "cancelled")
                 found = True
         return found
+
+
+class _Handover:
+    """One ``run()``'s job on its way to a child and back: the roster starts it in the child
+    that frees (``start``, a ``Waiter``), the child's handle ends it (``over``) as soon as
+    the result is read, and ``run()`` ends it too on every other way out (idempotent)."""
+
+    __slots__ = ("_done", "_pool", "began", "child", "data", "job", "timeout", "timer")
+
+    def __init__(self, pool: ProcessPool, job: PoolJob, data: bytes, timeout: float | None):
+        self._pool = pool
+        self.job = job
+        self.data = data
+        self.timeout = timeout
+        self.child: ChildHandle | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.began = 0.0
+        self._done = False
+
+    def start(self, child: ChildHandle) -> None:
+        if self._done:  # given up meanwhile (it left the queue then): pass the child on
+            self._pool._finish(child, self.job)
+            return
+        self.child = child
+        self._pool._begin(self, child)
+
+    def fail(self, error: BaseException) -> None:
+        fail(self.job.future, error)
+
+    def over(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._pool._over(self)
 
 
 def _check_settings(

@@ -97,8 +97,9 @@ class ClaimStore(StoreBase):
         )
         self._claim_seq = 0  # claim batches that returned so far (CommitMark.seq)
 
-    async def claim(self, request: ClaimRequest) -> ClaimResult:
-        return await self.claim_batches.submit(request)
+    async def claim(self, request: ClaimRequest, *, linger: float = 0.0) -> ClaimResult:
+        """Claim ``request``'s job; ``linger`` > 0 lets it wait that long to share a batch."""
+        return await self.claim_batches.submit(request, linger=linger)
 
     async def complete(self, outcome: Outcome) -> CommitMark | None:
         """Write an attempt's outcome; None when it was fenced (the row moved on).
@@ -109,9 +110,12 @@ class ClaimStore(StoreBase):
         """
         return await self.completion_batches.submit(outcome)
 
-    def complete_soon(self, outcome: Outcome) -> asyncio.Future[CommitMark | None]:
-        """``complete`` as a future: the write proceeds even if its waiter is cancelled."""
-        return self.completion_batches.enqueue(outcome)
+    def complete_soon(
+        self, outcome: Outcome, *, linger: float = 0.0
+    ) -> asyncio.Future[CommitMark | None]:
+        """``complete`` as a future: the write proceeds even if its waiter is cancelled.
+        ``linger`` > 0 lets it wait that long for other outcomes to share its commit."""
+        return self.completion_batches.enqueue(outcome, linger=linger)
 
     async def durability_barrier(self) -> tuple[datetime, int]:
         """Commit a tiny transaction synchronously; return ``(server, seq)`` it made durable.

@@ -325,7 +325,7 @@ class Intake:
             # before the job runs: the next of its scopes and buckets may try now
             self.caps.capped_claim_done(claim)
             self.rates.claim_done(claim, began)
-            await self.runner.run_claimed(delivery, claim)
+            await self.runner.run_claimed(delivery, claim, lingers=not scopes)
         except BaseException:
             self._claims_over(pending)
             raise

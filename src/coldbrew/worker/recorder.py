@@ -56,8 +56,11 @@ class OutcomeWriter:
         self.lifecycle = lifecycle
         self._detached: set[asyncio.Task[Any]] = set()  # outcome writes waiting out an outage
 
-    async def record(self, state: JobState, outcome: Outcome | Unwritten) -> None:
-        """Write the attempt's outcome (fenced by attempt), count it, copy a dead job."""
+    async def record(
+        self, state: JobState, outcome: Outcome | Unwritten, *, linger: float = 0.0
+    ) -> None:
+        """Write the attempt's outcome (fenced by attempt), count it, copy a dead job.
+        ``linger`` > 0: the write may wait that long to share a commit (batching.py)."""
         delivery = state.delivery
         handles = self.metrics.job_handles(delivery.envelope.queue, delivery.spec.name)
         elapsed = time.monotonic() - state.started
@@ -78,7 +81,7 @@ class OutcomeWriter:
             )
             state.progress = None
         try:
-            written = await self._complete(outcome)
+            written = await self._complete(outcome, linger)
         except UnstorableData as exc:  # e.g. a Retry(delay=) past what an interval holds
             outcome = outcomes.refused(outcome, exc)
             written = await self._complete(outcome)  # only our own text: storable
@@ -102,14 +105,14 @@ class OutcomeWriter:
                 )
         log.debug("job_finished", job_id=state.id, status=outcome.status, seconds=round(elapsed, 4))
 
-    async def _complete(self, outcome: Outcome) -> CommitMark | None:
+    async def _complete(self, outcome: Outcome, linger: float = 0.0) -> CommitMark | None:
         """Write the outcome; cancelling the job's task (a drain) must not drop the write.
         Returns the mark of the commit that wrote it, or None when it was fenced.
 
         The usual case costs one shielded future; only a database outage
         starts a task, which retries until the write lands.
         """
-        future = self.store.claims.complete_soon(outcome)
+        future = self.store.claims.complete_soon(outcome, linger=linger)
         try:
             written = await asyncio.shield(future)
         except asyncio.CancelledError:  # the write goes on; if it fails, retry it detached

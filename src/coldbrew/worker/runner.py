@@ -13,6 +13,20 @@ under a live lease elsewhere, is acked as a duplicate and not run.
 With ``COLDBREW_CLAIM_COMMIT=async`` the claim commits without waiting for the
 WAL flush and the job starts at once, but "committed" is not yet "durable":
 the ack then waits in ``ClaimAcks`` (claimacks.py) until it is.
+
+A process-pool job's claim and outcome may **linger** (batching.py) while
+the pool's queue is long: a job claimed now waits for a child anyway, and a
+finished job's child has already been handed to the next queued job, so
+neither the claim nor the outcome is on any child's path. Each may then wait
+up to ``COLDBREW_POOL_LINGER_SECONDS``, and at most half the time the queued
+jobs keep the children busy, to share its commit with the next ones. CPU
+jobs finish one at a time; alone, each claim and each outcome paid a commit
+whose CPU (the worker's and PostgreSQL's) the full pool's children lost
+(issue #19 item 4). Nothing is acked earlier and no write is skipped: the
+claim still commits before the job runs and before its delivery is acked,
+and the outcome is still fenced by attempt; the row's ``finished_at`` is
+later by the linger. Capped jobs never linger: their fleet-wide place frees
+at the outcome's commit.
 """
 
 from __future__ import annotations
@@ -57,6 +71,10 @@ from coldbrew.worker.lifecycle import Lifecycle
 from coldbrew.worker.recorder import OutcomeWriter
 
 log = structlog.get_logger("coldbrew.runner")
+
+LINGER_SHARE_OF_QUEUE = 0.5
+"""A pool job's claim or outcome lingers at most this share of the time the jobs already
+queued for a child keep the children busy (``ProcessPool.queue_seconds``)."""
 C = TypeVar(
     "C",
     ClaimResult,
@@ -127,7 +145,8 @@ class JobRunner:
             return
         if not await self._webhook_noted(delivery, request, admitted=True):
             return
-        claim = await self._claim(delivery, lambda: self.store.claims.claim(request))
+        linger = self._pool_linger(delivery)
+        claim = await self._claim(delivery, lambda: self.store.claims.claim(request, linger=linger))
         if claim is not None:
             await self.run_claimed(delivery, claim)
 
@@ -284,8 +303,22 @@ class JobRunner:
             await delivery.message.requeue()
         return claim
 
-    async def run_claimed(self, delivery: Delivery, claim: ClaimResult) -> None:
-        """Ack, run and record a claimed job; ack a duplicate or a job that is done."""
+    def _pool_linger(self, delivery: Delivery) -> float:
+        """How long a claim or an outcome of this job may wait to share a commit now: 0 but
+        for a process-pool job while the pool's queue keeps every child busy (module
+        docstring)."""
+        cap = self.settings.pool_linger_seconds
+        pool = self.pool
+        if not cap or pool is None or delivery.spec.is_coroutine:
+            return 0.0
+        return min(cap, pool.queue_seconds() * LINGER_SHARE_OF_QUEUE)
+
+    async def run_claimed(
+        self, delivery: Delivery, claim: ClaimResult, *, lingers: bool = True
+    ) -> None:
+        """Ack, run and record a claimed job; ack a duplicate or a job that is done.
+        ``lingers``: a pool job's ack and outcome may wait for company (not a capped job's:
+        its place in the cap frees at the outcome's commit)."""
         message = delivery.message
         if not claim.claimed:
             adopted = await self._own_claim(claim)
@@ -295,8 +328,11 @@ class JobRunner:
             claim = adopted
         state = JobState(claim.id, claim.attempt, delivery, time.monotonic())
         if claim.mark is not None and self.claim_acks is not None:
-            # committed asynchronously: ack once the claim is durable; the job starts now
-            self.claim_acks.hold(HeldAck(claim.id, claim.attempt, claim.mark, message, state))
+            # committed asynchronously: ack once the claim is durable; the job starts now.
+            # A pool job queued for a child may wait for a (lingering) completion's commit.
+            patience = self._pool_linger(delivery) if lingers else 0.0
+            held = HeldAck(claim.id, claim.attempt, claim.mark, message, state, patience=patience)
+            self.claim_acks.hold(held)
         else:
             message.ack_soon()  # the lease guards the job from here; it need not wait for the ack
         self.inflight.add(state)
@@ -320,7 +356,8 @@ class JobRunner:
                 with tracing.job_span("coldbrew outcome", env, attempt=claim.attempt) as span:
                     if span is not None:  # off: no attributes built
                         tracing.set_attributes(span, _outcome_attributes(outcome))
-                    await self.writer.record(state, outcome)
+                    linger = self._pool_linger(delivery) if lingers else 0.0
+                    await self.writer.record(state, outcome, linger=linger)
         finally:
             self.inflight.remove(state)
             self.metrics.jobs_in_flight.dec()
