@@ -13,7 +13,12 @@ right after a batch of more than one item, i.e. while callers are
 concurrent. Deliveries and jobs already on the loop then join: in
 bench/throughput.py, 8 turns took the claim and completion batches from ~6 to
 ~15 items and PostgreSQL's CPU per job from ~117 to ~86 µs. A lone caller
-(an idle system) is still flushed at once.
+(an idle system) is still flushed at once, and so is a lone item waiting
+after a batch of several (#19 item 3): at a steady low rate (500 jobs/s) a
+job's claim or outcome often meets one other in flight, and the turns the
+lone next item then waited were spent running everything else on the loop
+-- a start-latency cost, and no company came (company shows as more than one
+item waiting when the flush returns, as under load).
 
 One item's bad data (a NUL PostgreSQL refuses, a number out of range) fails
 the whole statement, which would fail every other caller in the batch with
@@ -109,7 +114,7 @@ class GroupCommit(Generic[T, R]):
     async def _run(self) -> None:
         try:
             while self._pending:
-                if self._last_size > 1:
+                if self._last_size > 1 and len(self._pending) > 1:
                     await self._gather()
                 await self._linger()
                 batch = self._pending[: self._max_batch]

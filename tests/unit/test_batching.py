@@ -131,6 +131,25 @@ async def test_a_lone_item_never_waits_for_company() -> None:
     assert rec.batches == [[0], [1], [2]]
 
 
+async def test_a_lone_item_after_a_busy_batch_is_flushed_without_gathering() -> None:
+    """A steady low rate (#19 item 3): one item met a batch of two in flight. With nobody
+    else waiting when that flush returns, it is flushed at once, not after the turns."""
+    rec = Recorder()
+    rec.gate.clear()
+    batcher = GroupCommit("t", rec.flush, gather_turns=50)
+    held = [batcher.enqueue(n) for n in (100, 101)]  # a batch of two in flight...
+    await asyncio.sleep(0)
+    lone = batcher.enqueue(102)  # ...and one waiting behind it
+    rec.gate.set()
+    turns = 0
+    while len(rec.batches) < 2:
+        await asyncio.sleep(0)
+        turns += 1
+        assert turns < 10, "the lone item waited for company"
+    assert rec.batches == [[100, 101], [102]]
+    assert await asyncio.gather(*held, lone) == [1000, 1010, 1020]
+
+
 # --- one item's bad data fails only that item -------------------------------------------
 
 
