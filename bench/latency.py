@@ -22,6 +22,11 @@ round, then medianed.
 
     python bench/latency.py --repeat 3          # the reference run (~3.5 minutes)
     python bench/latency.py --quick             # 5 s at 500/s, 1 round, for development
+    python bench/latency.py --profile DIR       # + one unmeasured coldbrew run under py-spy
+
+The targets printed are #5's (p50 <= 2 ms, p99 <= 2x Dramatiq's) and #19 item 3's,
+each a median of per-round ratios against Dramatiq in the same round: p50 <= 1.2x,
+p99 <= 1.5x, and the worker's CPU at this rate <= Dramatiq's (1.0x).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from bench._common import (
     run_main,
     tail,
 )
+from bench._profile import render_profile, start_profile, stop_profile
 from bench.peers import (
     QueueProbe,
     check_alive,
@@ -85,6 +91,9 @@ SETTLE_SECONDS = 1.0  # after the consumer is ready, before the first message
 DRAIN_SECONDS = 10.0  # after the last publish, how long to wait for the last reports
 TARGET_P50_MS = 2.0
 TARGET_P99_VS_DRAMATIQ = 2.0
+# issue #19 item 3: per-round ratios against Dramatiq in the same round, medianed
+TARGETS_VS_DRAMATIQ = {"p50_ms": 1.2, "p99_ms": 1.5, "consumer_cpu_percent": 1.0}
+PROFILE_RATE = 250  # Hz: py-spy's own CPU comes from the same two cores
 
 
 def now() -> float:
@@ -101,6 +110,7 @@ class LatencyConfig(Config):
     sides: tuple[str, ...] = SIDES
     threads: int = 8
     claim_commit: str | None = None  # COLDBREW_CLAIM_COMMIT of the coldbrew worker (None: default)
+    profile: Path | None = None  # one more, unmeasured coldbrew run with py-spy writing here
 
 
 @dataclass
@@ -419,8 +429,11 @@ async def run_raw(cfg: LatencyConfig, index: int) -> dict[str, Any]:
         await delete_broker_entities(cfg.amqp_url, [queue], [])
 
 
-async def run_coldbrew(cfg: LatencyConfig, index: int) -> dict[str, Any]:
-    label = f"coldbrew #{index + 1}"
+async def run_coldbrew(
+    cfg: LatencyConfig, index: int, profile: Path | None = None
+) -> dict[str, Any]:
+    """One coldbrew run; with ``profile``, py-spy samples the worker while it publishes."""
+    label = f"coldbrew #{index + 1}" if profile is None else "coldbrew (profiled)"
     async with namespace_for(cfg, label) as namespace:
         topology = Topology(namespace)
         broker = Broker(cfg.amqp_url, topology, name="coldbrew-bench-declare")
@@ -443,7 +456,21 @@ async def run_coldbrew(cfg: LatencyConfig, index: int) -> dict[str, Any]:
         ):
             publisher = ["--publisher", "amqp", "--exchange", topology.jobs_exchange]
             publisher += ["--routing-key", "default.default", "--amqp-url", cfg.amqp_url]
-            return await measure(cfg, label, processes, logs_, reports, publisher, child_env({}))
+            if profile is None:
+                return await measure(
+                    cfg, label, processes, logs_, reports, publisher, child_env({})
+                )
+            spy = await start_profile(profile, processes[0].pid, "worker", rate=PROFILE_RATE)
+            try:
+                stats = await measure(
+                    cfg, label, processes, logs_, reports, publisher, child_env({})
+                )
+            finally:
+                summary = await stop_profile(spy)
+            if summary is None:
+                raise BenchError(f"py-spy wrote no profile to {spy.folded}")
+            (profile / "summary.json").write_text(json.dumps(summary, indent=2))
+            return stats | {"profile": summary}
 
 
 async def run_dramatiq(cfg: LatencyConfig, index: int) -> dict[str, Any]:
@@ -511,7 +538,17 @@ async def run(cfg: LatencyConfig) -> dict[str, Any]:
         shift = index % len(cfg.sides)
         for side in cfg.sides[shift:] + cfg.sides[:shift]:
             results.append(await run_side(cfg, side, index))
-    return summarize(cfg, machine, results)
+    summary = summarize(cfg, machine, results)
+    if cfg.profile is not None:
+        cfg.profile.mkdir(parents=True, exist_ok=True)
+        profiled = await run_coldbrew(cfg, cfg.repeat, profile=cfg.profile)
+        summary["profile"] = profiled.pop("profile") | {
+            "p50_ms": profiled["p50_ms"],
+            "p99_ms": profiled["p99_ms"],
+            "consumer_cpu_percent": profiled["consumer_cpu_percent"],
+        }
+        progress(f"profile: written to {cfg.profile}")
+    return summary
 
 
 def summarize(
@@ -540,6 +577,22 @@ def summarize(
         if ("coldbrew", i) in done and ("dramatiq", i) in done and done[("dramatiq", i)].p99_ms > 0
     ]
     cold = sides.get("coldbrew", {})
+    versus: dict[str, Any] = {}
+    for name, target in TARGETS_VS_DRAMATIQ.items():
+        per_round = [
+            getattr(done[("coldbrew", i)], name) / getattr(done[("dramatiq", i)], name)
+            for i in range(cfg.repeat)
+            if ("coldbrew", i) in done
+            and ("dramatiq", i) in done
+            and getattr(done[("dramatiq", i)], name) > 0
+        ]
+        median = statistics.median(per_round) if per_round else None
+        versus[name] = {
+            "median": median,
+            "per_round": per_round,
+            "target": target,
+            "met": None if median is None else median <= target,
+        }
     return {
         "config": {
             "rate": cfg.rate,
@@ -566,6 +619,7 @@ def summarize(
                 "target": TARGET_P99_VS_DRAMATIQ,
                 "met": None if not ratios else statistics.median(ratios) <= TARGET_P99_VS_DRAMATIQ,
             },
+            "vs_dramatiq_19": versus,
         },
     }
 
@@ -631,6 +685,27 @@ def render(result: dict[str, Any]) -> str:
             f"coldbrew p99 / dramatiq p99 (median of rounds): {ratio['median']:.2f}  "
             f"[rounds: {rounds}]  target <= {ratio['target']:g}: {verdict}"
         )
+    labels = {"p50_ms": "p50", "p99_ms": "p99", "consumer_cpu_percent": "worker CPU"}
+    for name, entry in result["targets"].get("vs_dramatiq_19", {}).items():
+        if entry["median"] is None:
+            continue
+        rounds = ", ".join(f"{r:.2f}" for r in entry["per_round"])
+        verdict = "met" if entry["met"] else "MISSED"
+        lines.append(
+            f"#19: coldbrew {labels[name]} / dramatiq's (median of rounds): "
+            f"{entry['median']:.2f}  [rounds: {rounds}]  target <= {entry['target']:g}: {verdict}"
+        )
+    if "profile" in result:
+        profile = result["profile"]
+        lines.append("")
+        lines.extend(
+            render_profile(
+                profile,
+                f"one more coldbrew run (p50 {profile['p50_ms']:.2f} ms, p99 "
+                f"{profile['p99_ms']:.2f} ms, {profile['consumer_cpu_percent']:.0f}% CPU "
+                "while sampled)",
+            )
+        )
     return "\n".join(lines)
 
 
@@ -653,6 +728,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=100, help="COLDBREW_CONCURRENCY (100)")
     parser.add_argument("--threads", type=int, default=8, help="Dramatiq worker threads (8)")
     add_claim_commit_argument(parser)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="after the rounds, one more (unmeasured) coldbrew run with py-spy sampling the "
+        "worker; collapsed stacks and a summary into DIR",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--amqp-url", default=DEFAULT_AMQP_URL)
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
@@ -709,6 +791,7 @@ def main(argv: list[str] | None = None) -> int:
             sides=args.sides,
             threads=args.threads,
             claim_commit=args.claim_commit,
+            profile=args.profile,
         )
 
     return run_main(config, run, render, json_output=args.json, workdir_prefix="cbbench-latency-")
