@@ -23,6 +23,7 @@ round, then medianed.
     python bench/latency.py --repeat 3          # the reference run (~3.5 minutes)
     python bench/latency.py --quick             # 5 s at 500/s, 1 round, for development
     python bench/latency.py --profile DIR       # + one unmeasured coldbrew run under py-spy
+    python bench/latency.py --stages            # + one unmeasured run, each job's path stamped
 
 The targets printed are #5's (p50 <= 2 ms, p99 <= 2x Dramatiq's) and #19 item 3's,
 each a median of per-round ratios against Dramatiq in the same round: p50 <= 1.2x,
@@ -51,6 +52,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aio_pika
+from bench import _latency_stages
 from bench._common import (
     SERVICE_ERRORS,
     BenchError,
@@ -111,6 +113,7 @@ class LatencyConfig(Config):
     threads: int = 8
     claim_commit: str | None = None  # COLDBREW_CLAIM_COMMIT of the coldbrew worker (None: default)
     profile: Path | None = None  # one more, unmeasured coldbrew run with py-spy writing here
+    stages: bool = False  # one more, unmeasured coldbrew run with each job's path stamped
 
 
 @dataclass
@@ -430,10 +433,13 @@ async def run_raw(cfg: LatencyConfig, index: int) -> dict[str, Any]:
 
 
 async def run_coldbrew(
-    cfg: LatencyConfig, index: int, profile: Path | None = None
+    cfg: LatencyConfig, index: int, profile: Path | None = None, stages: Path | None = None
 ) -> dict[str, Any]:
-    """One coldbrew run; with ``profile``, py-spy samples the worker while it publishes."""
-    label = f"coldbrew #{index + 1}" if profile is None else "coldbrew (profiled)"
+    """One coldbrew run; with ``profile``, py-spy samples the worker while it publishes; with
+    ``stages``, the worker writes each job's stamps there (``bench/_latency_stages.py``)."""
+    extra = profile is not None or stages is not None
+    label = "coldbrew (profiled)" if extra else f"coldbrew #{index + 1}"
+    worker_env = {"CBBENCH_STAGES": str(stages)} if stages is not None else {}
     async with namespace_for(cfg, label) as namespace:
         topology = Topology(namespace)
         broker = Broker(cfg.amqp_url, topology, name="coldbrew-bench-declare")
@@ -450,7 +456,7 @@ async def run_coldbrew(
                 "bench.latency_app:app",
                 1,
                 label,
-                {"CBBENCH_UDP": udp} | claim_commit_env(cfg.claim_commit),
+                {"CBBENCH_UDP": udp} | claim_commit_env(cfg.claim_commit) | worker_env,
                 wait_ready=True,
             ) as (processes, logs_),
         ):
@@ -539,15 +545,18 @@ async def run(cfg: LatencyConfig) -> dict[str, Any]:
         for side in cfg.sides[shift:] + cfg.sides[:shift]:
             results.append(await run_side(cfg, side, index))
     summary = summarize(cfg, machine, results)
-    if cfg.profile is not None:
-        cfg.profile.mkdir(parents=True, exist_ok=True)
-        profiled = await run_coldbrew(cfg, cfg.repeat, profile=cfg.profile)
-        summary["profile"] = profiled.pop("profile") | {
-            "p50_ms": profiled["p50_ms"],
-            "p99_ms": profiled["p99_ms"],
-            "consumer_cpu_percent": profiled["consumer_cpu_percent"],
-        }
-        progress(f"profile: written to {cfg.profile}")
+    if cfg.profile is not None or cfg.stages:
+        if cfg.profile is not None:
+            cfg.profile.mkdir(parents=True, exist_ok=True)
+        stages = cfg.workdir / "stages.json" if cfg.stages else None
+        extra = await run_coldbrew(cfg, cfg.repeat, profile=cfg.profile, stages=stages)
+        figures = {k: extra[k] for k in ("p50_ms", "p99_ms", "consumer_cpu_percent")}
+        if cfg.profile is not None:
+            summary["profile"] = extra["profile"] | figures
+            progress(f"profile: written to {cfg.profile}")
+        if stages is not None:  # the worker has exited: its last rows are written
+            rows = json.loads(stages.read_text()) if stages.exists() else []
+            summary["stages"] = _latency_stages.summarize(rows, cfg.warmup) | figures
     return summary
 
 
@@ -695,6 +704,14 @@ def render(result: dict[str, Any]) -> str:
             f"#19: coldbrew {labels[name]} / dramatiq's (median of rounds): "
             f"{entry['median']:.2f}  [rounds: {rounds}]  target <= {entry['target']:g}: {verdict}"
         )
+    if "stages" in result:
+        stages = result["stages"]
+        lines.append("")
+        lines.append(
+            f"one more coldbrew run, each job's path stamped (p50 {stages['p50_ms']:.2f} ms, "
+            f"p99 {stages['p99_ms']:.2f} ms, {stages['consumer_cpu_percent']:.0f}% CPU):"
+        )
+        lines.extend(_latency_stages.render(stages))
     if "profile" in result:
         profile = result["profile"]
         lines.append("")
@@ -734,6 +751,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="DIR",
         help="after the rounds, one more (unmeasured) coldbrew run with py-spy sampling the "
         "worker; collapsed stacks and a summary into DIR",
+    )
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="after the rounds, one more (unmeasured) coldbrew run whose worker stamps each "
+        "job's path (bench/_latency_stages.py); prints per-stage percentiles",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--amqp-url", default=DEFAULT_AMQP_URL)
@@ -792,6 +815,7 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             claim_commit=args.claim_commit,
             profile=args.profile,
+            stages=args.stages,
         )
 
     return run_main(config, run, render, json_output=args.json, workdir_prefix="cbbench-latency-")

@@ -21,6 +21,9 @@ _udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 _udp.setblocking(False)
 _host, _, _port = os.environ.get("CBBENCH_UDP", "127.0.0.1:9").rpartition(":")
 _address = (_host, int(_port))
+_stages = None
+if os.environ.get("CBBENCH_STAGES"):  # latency.py --stages: stamp each job's path (unmeasured run)
+    from bench import _latency_stages as _stages
 
 
 @app.job()
@@ -28,3 +31,5 @@ async def ping(ctx: Context, seq: int, sent: float) -> None:
     """Report the start: one non-blocking ``sendto`` on loopback, a few microseconds."""
     started = time.clock_gettime(time.CLOCK_MONOTONIC)
     _udp.sendto(f"{seq} {sent!r} {started!r}".encode(), _address)
+    if _stages is not None:
+        _stages.job_started(sent, started)
