@@ -158,8 +158,10 @@ async def test_two_workers_racing_for_tokens_are_refused_about_once_per_start(
     assert min(ran) > 10, ran  # both workers took tokens: they raced for them
     rate = (len(starts) - 1) / (starts[-1] - starts[0])
     assert most_in_a_window(starts, 1.0) <= 55
-    # at the rate: fewer refusals must not mean fewer claims than tokens
-    assert 45 <= rate <= 51, rate
+    # at the rate: fewer refusals must not mean fewer claims than tokens. The burst lets 5
+    # start ahead of the rate, so n starts may span (n - 1 - 5) / 50 s: at most 50 x 149/144
+    # = 51.7/s over 150 (51.3 seen in CI), never more
+    assert 45 <= rate <= 50 * (len(starts) - 1) / (len(starts) - 1 - 5), rate
     assert refused <= 1.5 * len(limited), refused
 
 
