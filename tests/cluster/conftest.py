@@ -26,19 +26,28 @@ from tests.helpers import new_namespace
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def _session_cluster(verb: str) -> Iterator[Cluster]:
+    """Bring the cluster (or the part ``verb`` heals) up for the session; a cluster this
+    session created is stopped at its end."""
     running = Cluster(SCRIPT)
     was_up = running.directory_exists()
     try:
-        running.up()
+        if verb == "pg-up":
+            running.up_pg()
+        else:
+            running.up()
     except subprocess.CalledProcessError as exc:
-        pytest.fail(f"scripts/cluster up failed ({exc.returncode}): {exc.stderr[-2000:]}")
+        pytest.fail(f"scripts/cluster {verb} failed ({exc.returncode}): {exc.stderr[-2000:]}")
     try:
         yield running
     finally:
         if not was_up:
             running.ctl("down")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    yield from _session_cluster("up")
 
 
 @pytest.fixture(scope="session")
@@ -46,17 +55,7 @@ def pg_cluster() -> Iterator[Cluster]:
     """The cluster's PostgreSQL pair only, for the tests that need no broker: ``pg-up``
     does not wait for the RabbitMQ nodes, whose ``rabbitmqctl`` calls time out on a
     loaded machine. A pair this fixture created is stopped at the end of the session."""
-    running = Cluster(SCRIPT)
-    was_up = running.directory_exists()
-    try:
-        running.up_pg()
-    except subprocess.CalledProcessError as exc:
-        pytest.fail(f"scripts/cluster pg-up failed ({exc.returncode}): {exc.stderr[-2000:]}")
-    try:
-        yield running
-    finally:
-        if not was_up:
-            running.ctl("down")
+    yield from _session_cluster("pg-up")
 
 
 @pytest.fixture
